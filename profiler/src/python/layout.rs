@@ -1,0 +1,125 @@
+//! One `PyLayout` describes everything pyebpf needs to know about a CPython build.
+//!
+//! Version differences are values in this struct, never `if version` branches elsewhere.
+//! Sources: `debug_offsets` (3.13+, read from the target) and `tables` (3.11, 3.12 built in).
+
+use profiler_common::PyOffsets;
+
+/// `PY_VERSION_HEX` split into its parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PyVersion {
+    pub major: u8,
+    pub minor: u8,
+    pub micro: u8,
+    /// `PY_VERSION_HEX` as a whole (release level and serial in the low byte).
+    pub hex: u64,
+}
+
+impl PyVersion {
+    pub fn from_hex(hex: u64) -> Self {
+        PyVersion {
+            major: ((hex >> 24) & 0xff) as u8,
+            minor: ((hex >> 16) & 0xff) as u8,
+            micro: ((hex >> 8) & 0xff) as u8,
+            hex,
+        }
+    }
+}
+
+impl std::fmt::Display for PyVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let level = match (self.hex >> 4) & 0xf {
+            0xa => "a",
+            0xb => "b",
+            0xc => "rc",
+            _ => "",
+        };
+        write!(f, "{}.{}.{}", self.major, self.minor, self.micro)?;
+        if !level.is_empty() {
+            write!(f, "{level}{}", self.hex & 0xf)?;
+        }
+        Ok(())
+    }
+}
+
+/// Fields of `PyCodeObject` userspace reads when symbolizing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeLayout {
+    pub filename: u16,
+    pub name: u16,
+    pub qualname: u16,
+    /// `co_linetable` (a bytes object holding the 3.11+ location table).
+    pub linetable: u16,
+    /// `co_firstlineno` (a C int).
+    pub firstlineno: u16,
+    /// `co_code_adaptive`: instruction offsets are measured from here.
+    pub code_adaptive: u16,
+}
+
+/// `PyBytesObject`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BytesLayout {
+    /// `ob_size` (number of bytes).
+    pub size: u16,
+    /// `ob_sval` (the data).
+    pub data: u16,
+}
+
+/// `PyUnicodeObject` (PEP 393 compact strings).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnicodeLayout {
+    /// `length` in code points.
+    pub length: u16,
+    /// The `state` bit-field word (a 32-bit int).
+    pub state: u16,
+    /// `sizeof(PyASCIIObject)`: data of compact ASCII strings starts here.
+    pub ascii_data: u16,
+    /// `sizeof(PyCompactUnicodeObject)`: data of other compact strings starts here.
+    pub compact_data: u16,
+    /// Bit position of `state.kind` (3 bits: 1, 2 or 4 bytes per code point).
+    pub kind_shift: u8,
+    /// Bit position of `state.compact`.
+    pub compact_bit: u8,
+    /// Bit position of `state.ascii`.
+    pub ascii_bit: u8,
+}
+
+/// `_PyStackChunk`: the per-thread arena that holds interpreter frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkLayout {
+    pub previous: u16,
+    pub size: u16,
+    pub top: u16,
+    /// Start of the frame data inside a chunk.
+    pub data: u16,
+}
+
+/// Thread-state fields userspace reads (beyond those the kernel walk uses).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadLayout {
+    /// `PyThreadState.thread_id` (pthread id).
+    pub thread_id: u16,
+    /// `PyThreadState.interp`.
+    pub interp: u16,
+}
+
+/// Everything pyebpf knows about one CPython build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PyLayout {
+    pub version: PyVersion,
+    /// Free-threaded (`Py_GIL_DISABLED`) build.
+    pub free_threaded: bool,
+    /// What the kernel walk needs (sent to the `LAYOUTS` map as is).
+    pub kernel: PyOffsets,
+    pub code: CodeLayout,
+    pub bytes: BytesLayout,
+    pub unicode: UnicodeLayout,
+    pub chunk: ChunkLayout,
+    pub thread: ThreadLayout,
+    /// `PyObject.ob_type`.
+    pub ob_type: u16,
+    /// `PyTypeObject.tp_name` (a `const char *`).
+    pub tp_name: u16,
+    /// `sizeof(_PyInterpreterFrame)` up to `localsplus`: the fixed part of a frame.
+    pub frame_localsplus: u16,
+}
