@@ -1,1 +1,195 @@
+//! Shared helpers for pyebpf's integration tests: which CPython interpreters exist on this
+//! machine, how to run a script under each, and where the `pyebpf` binary is.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Default location of the Debian sid root holding CPython 3.13–3.15 (`cargo xtask sidroot`).
+pub const DEFAULT_SID_ROOT: &str = "/var/cache/pyebpf/sid-root";
+
+/// One CPython interpreter the tests can run.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// Human-readable name, e.g. `pyenv 3.12.1` or `sid 3.15`.
+    pub label: String,
+    /// (major, minor)
+    pub version: (u32, u32),
+    /// Path of the executable as seen from inside `root` (or the host when `root` is None).
+    pub exe: PathBuf,
+    /// A chroot the interpreter runs in (the sid root), seen from the host.
+    pub root: Option<PathBuf>,
+}
+
+impl Interpreter {
+    /// A command running `script` (a host path) with `args`. Under a chroot the script is
+    /// copied into `<root>/tmp/pyebpf-tests/` first, and that in-root path is what Python sees.
+    pub fn command(&self, script: &Path, args: &[&str]) -> Command {
+        let script_arg = self.stage(script);
+        let mut cmd = match &self.root {
+            Some(root) => {
+                let mut cmd = Command::new("chroot");
+                cmd.arg(root).arg(&self.exe);
+                cmd
+            }
+            None => Command::new(&self.exe),
+        };
+        cmd.arg(script_arg).args(args);
+        cmd.env("PYTHONDONTWRITEBYTECODE", "1");
+        cmd
+    }
+
+    /// A command running `python -c code`.
+    pub fn command_c(&self, code: &str) -> Command {
+        let mut cmd = match &self.root {
+            Some(root) => {
+                let mut cmd = Command::new("chroot");
+                cmd.arg(root).arg(&self.exe);
+                cmd
+            }
+            None => Command::new(&self.exe),
+        };
+        cmd.arg("-c").arg(code);
+        cmd
+    }
+
+    /// Makes `script` reachable by the interpreter; returns the path it should be given.
+    pub fn stage(&self, script: &Path) -> PathBuf {
+        let Some(root) = &self.root else {
+            return script.to_path_buf();
+        };
+        let inside = Path::new("/tmp/pyebpf-tests").join(script.file_name().expect("script file name"));
+        let host = root.join(inside.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(host.parent().unwrap()).expect("create dir in sid root");
+        std::fs::copy(script, &host).expect("copy script into sid root");
+        inside
+    }
+
+    pub fn minor(&self) -> u32 {
+        self.version.1
+    }
+}
+
+fn probe_version(interp: &Interpreter) -> Option<(u32, u32)> {
+    let out = interp
+        .command_c("import sys; print(sys.version_info[0], sys.version_info[1])")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+/// Every supported interpreter (3.11+) found on this machine, and a reason for each candidate
+/// that was skipped. Candidates: Debian's `/usr/bin/python3.11`, pyenv builds under
+/// `/root/.pyenv/versions`, and `python3.13`–`python3.15` in the sid root
+/// (`$PYEBPF_SID_ROOT`, default [`DEFAULT_SID_ROOT`]).
+pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
+    let mut found = Vec::new();
+    let mut skipped = Vec::new();
+    let mut candidates = vec![Interpreter {
+        label: "debian /usr/bin/python3.11".into(),
+        version: (0, 0),
+        exe: "/usr/bin/python3.11".into(),
+        root: None,
+    }];
+    let pyenv = Path::new("/root/.pyenv/versions");
+    if let Ok(entries) = std::fs::read_dir(pyenv) {
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("3.1"))
+            .collect();
+        names.sort();
+        for name in names {
+            let minor: u32 = name.split('.').nth(1).and_then(|m| m.parse().ok()).unwrap_or(0);
+            if minor < 11 {
+                continue;
+            }
+            let exe = pyenv.join(&name).join("bin").join(format!("python3.{minor}"));
+            candidates.push(Interpreter {
+                label: format!("pyenv {name}"),
+                version: (0, 0),
+                exe,
+                root: None,
+            });
+        }
+    } else {
+        skipped.push("pyenv builds: /root/.pyenv/versions does not exist".to_string());
+    }
+    let sid = std::env::var_os("PYEBPF_SID_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SID_ROOT));
+    for minor in [13, 14, 15] {
+        let exe = PathBuf::from(format!("/usr/bin/python3.{minor}"));
+        if sid.join(exe.strip_prefix("/").unwrap()).exists() {
+            candidates.push(Interpreter {
+                label: format!("sid 3.{minor}"),
+                version: (0, 0),
+                exe,
+                root: Some(sid.clone()),
+            });
+        } else {
+            skipped.push(format!(
+                "sid 3.{minor}: {} not found (run `cargo xtask sidroot`)",
+                sid.join(exe.strip_prefix("/").unwrap()).display()
+            ));
+        }
+    }
+    for mut c in candidates {
+        let host_exe = match &c.root {
+            Some(root) => root.join(c.exe.strip_prefix("/").unwrap()),
+            None => c.exe.clone(),
+        };
+        if !host_exe.exists() {
+            skipped.push(format!("{}: {} not found", c.label, host_exe.display()));
+            continue;
+        }
+        match probe_version(&c) {
+            Some(v) if v.0 == 3 && v.1 >= 11 => {
+                c.version = v;
+                found.push(c);
+            }
+            Some(v) => skipped.push(format!("{}: version {}.{} is not supported", c.label, v.0, v.1)),
+            None => skipped.push(format!("{}: does not run", c.label)),
+        }
+    }
+    (found, skipped)
+}
+
+/// `interpreters()`, printing what was skipped and why (for the test log).
+pub fn interpreters_logged() -> Vec<Interpreter> {
+    let (found, skipped) = interpreters();
+    for s in &skipped {
+        eprintln!("skipped interpreter: {s}");
+    }
+    for i in &found {
+        eprintln!("interpreter: {} ({}.{})", i.label, i.version.0, i.version.1);
+    }
+    found
+}
+
+/// The `pyebpf` binary under test: `$PYEBPF_BIN`, else `target/debug/pyebpf` of this workspace.
+pub fn pyebpf_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("PYEBPF_BIN") {
+        return PathBuf::from(bin);
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let bin = target.join("debug").join("pyebpf");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (`cargo build -p profiler`) or set PYEBPF_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// Directory of the Python workloads used by the tests.
+pub fn workloads_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads")
+}
