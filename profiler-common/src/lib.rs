@@ -29,7 +29,7 @@ pub const LAYOUT_CFRAME: u32 = 1 << 0;
 /// Every difference between CPython versions that the kernel cares about is a value here;
 /// the BPF program has no notion of a Python version.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PyOffsets {
     /// AND-ed with `f_executable` to clear `_PyStackRef` tag bits (all ones before 3.14).

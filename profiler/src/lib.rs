@@ -8,3 +8,36 @@
 pub mod aggregate;
 pub mod output;
 pub mod python;
+pub mod bpf;
+pub mod cli;
+pub mod discovery;
+pub mod elf;
+pub mod memory;
+pub mod privileges;
+pub mod record;
+pub mod session;
+pub mod symbolize;
+
+/// Bad usage or input: reported as one line, exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Exit code for an error: 2 for bad usage/input, 1 for runtime failures.
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    let usage = err.chain().any(|e| {
+        e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<discovery::DiscoveryError>().is_some()
+    });
+    if usage {
+        2
+    } else {
+        1
+    }
+}

@@ -1,4 +1,7 @@
 //! Facts about CPython: layouts per version, and decoding of its objects.
 
+pub mod code;
+pub mod debug_offsets;
 pub mod layout;
 pub mod linetable;
+pub mod tables;

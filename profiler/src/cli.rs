@@ -1,0 +1,68 @@
+//! The command line, in the shape py-spy users know.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::output::Format;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pyebpf",
+    version,
+    about = "System-wide sampling profiler for CPython 3.11–3.15, built on BPF",
+    long_about = "System-wide sampling profiler for CPython 3.11–3.15, built on BPF.\n\n\
+        A BPF program samples every CPU at a fixed rate and walks the Python frames of whichever \
+        interpreter thread is running; the target is never paused, ptraced or modified. \
+        Needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE).",
+    after_help = "Examples:\n  \
+        sudo pyebpf record -o profile.svg -- python3 app.py     profile a new program\n  \
+        sudo pyebpf record -p 1234 -d 30 -f speedscope -o out.json\n  \
+        sudo pyebpf record -d 10                                  every Python process on the host"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// More log output (-v info, -vv debug); RUST_LOG works too.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Sample Python stacks and write a flame graph, speedscope profile or collapsed stacks.
+    Record(RecordArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Profile this process (repeat for several). With neither --pid nor a command, every
+    /// Python process on the host is profiled, including ones that start later.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Stop after this many seconds (default: until Ctrl-C or until the targets exit).
+    #[arg(short, long, value_name = "SECONDS", value_parser = parse_duration)]
+    pub duration: Option<f64>,
+    /// Samples per second per CPU.
+    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
+    pub rate: u64,
+    /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Flamegraph)]
+    pub format: Format,
+    /// Split stacks by thread (adds a `thread <tid> (<name>)` frame).
+    #[arg(long)]
+    pub threads: bool,
+    /// Program to launch and profile; pyebpf exits with its exit code.
+    #[arg(last = true, value_name = "COMMAND", conflicts_with = "pids")]
+    pub command: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
+}

@@ -1,0 +1,253 @@
+//! Which processes are CPython interpreters, and what their layout is.
+//!
+//! A process is an interpreter when its executable or a mapped `libpython*` carries a CPython
+//! runtime (`.PyRuntime` section or `_PyRuntime` symbol). Files are opened through
+//! `/proc/PID/root`, so processes in containers and chroots resolve to their own binaries.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::elf::{ElfCache, PythonElf};
+use crate::memory::ProcessMemory;
+use crate::python::layout::{PyLayout, PyVersion};
+use crate::python::{debug_offsets, tables};
+
+/// A mapping from `/proc/PID/maps` that is backed by a file.
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// An interpreter process ready to be registered with the kernel.
+#[derive(Clone, Debug)]
+pub struct PythonProcess {
+    pub pid: u32,
+    /// Short command line, e.g. `python3.12 app.py`.
+    pub command: String,
+    /// The binary holding the runtime, as the process sees it.
+    pub binary: String,
+    /// Address of `_PyRuntime`.
+    pub runtime: u64,
+    pub layout: PyLayout,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("no process with pid {pid}")]
+    NoSuchProcess { pid: u32 },
+    #[error("process {pid} ({command}) is not a CPython process: neither its executable nor a mapped libpython holds a Python runtime")]
+    NotPython { pid: u32, command: String },
+    #[error("process {pid} runs CPython {version} ({binary}), which pyebpf does not support: supported versions are 3.11 to 3.15")]
+    Unsupported { pid: u32, binary: String, version: String },
+    #[error("process {pid} ({binary}): {source:#}")]
+    Other {
+        pid: u32,
+        binary: String,
+        source: anyhow::Error,
+    },
+}
+
+impl DiscoveryError {
+    /// True when the process simply isn't (or is no longer) an interpreter: not worth a warning
+    /// in a system-wide scan.
+    pub fn is_benign(&self) -> bool {
+        matches!(self, DiscoveryError::NoSuchProcess { .. } | DiscoveryError::NotPython { .. })
+    }
+}
+
+pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(text.lines().filter_map(parse_maps_line).collect())
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let _perms = fields.next()?;
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    let path = fields.next()?.trim_start();
+    if !path.starts_with('/') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset,
+        path: path.strip_suffix(" (deleted)").unwrap_or(path).to_string(),
+    })
+}
+
+/// `python3.12 app.py`-style short command line (basename of argv[0] plus the first argument).
+pub fn short_command(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut args = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned());
+    let Some(argv0) = args.next() else {
+        return std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "?".into());
+    };
+    let mut command = argv0.rsplit('/').next().unwrap_or(&argv0).to_string();
+    if let Some(arg) = args.find(|a| !a.starts_with('-')) {
+        command.push(' ');
+        command.push_str(arg.rsplit('/').next().unwrap_or(&arg));
+    }
+    command
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// `3.12` from names like `python3.12`, `libpython3.12.so.1.0`, `libpython3.12d.so`.
+fn version_from_name(path: &str) -> Option<(u8, u8)> {
+    let name = basename(path);
+    let rest = &name[name.find("python")? + "python".len()..];
+    let (major, rest) = rest.split_once('.')?;
+    let minor: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+fn is_candidate(path: &str, exe: &str) -> bool {
+    path == exe || basename(path).starts_with("libpython")
+}
+
+/// Finds the CPython runtime of `pid` and its layout.
+pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
+    let command = short_command(pid);
+    let maps = read_maps(pid).map_err(|_| DiscoveryError::NoSuchProcess { pid })?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string();
+    // libpython first: a shared build's executable has no runtime of its own.
+    let mut candidates: Vec<&str> = maps.iter().map(|m| m.path.as_str()).filter(|p| is_candidate(p, &exe)).collect();
+    candidates.sort_by_key(|p| (!basename(p).starts_with("libpython"), *p));
+    candidates.dedup();
+    for binary in candidates {
+        let on_disk = host_path(pid, binary);
+        let other = |source: anyhow::Error| DiscoveryError::Other {
+            pid,
+            binary: binary.to_string(),
+            source,
+        };
+        let Some(elf) = elves.get(&on_disk).map_err(other)? else {
+            continue;
+        };
+        let runtime = runtime_address(&maps, binary, &elf).ok_or_else(|| {
+            other(anyhow::anyhow!("_PyRuntime (file offset {:#x}) is not mapped", elf.runtime_file_offset))
+        })?;
+        let layout = layout_of(pid, binary, runtime, &elf)?;
+        return Ok(PythonProcess {
+            pid,
+            command,
+            binary: binary.to_string(),
+            runtime,
+            layout,
+        });
+    }
+    Err(DiscoveryError::NotPython { pid, command })
+}
+
+/// The path of a file a process maps, reachable from here (through its root, for containers).
+pub fn host_path(pid: u32, path: &str) -> PathBuf {
+    Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'))
+}
+
+fn runtime_address(maps: &[Mapping], binary: &str, elf: &PythonElf) -> Option<u64> {
+    maps.iter()
+        .filter(|m| m.path == binary)
+        .find(|m| elf.runtime_file_offset >= m.offset && elf.runtime_file_offset < m.offset + (m.end - m.start))
+        .map(|m| m.start + (elf.runtime_file_offset - m.offset))
+}
+
+fn layout_of(pid: u32, binary: &str, runtime: u64, elf: &PythonElf) -> Result<PyLayout, DiscoveryError> {
+    let memory = ProcessMemory::new(pid);
+    let head = memory
+        .read_vec(runtime, debug_offsets::READ_SIZE)
+        .with_context(|| format!("reading _PyRuntime at {runtime:#x}"))
+        .map_err(|source| DiscoveryError::Other {
+            pid,
+            binary: binary.to_string(),
+            source,
+        })?;
+    if head.starts_with(debug_offsets::COOKIE) {
+        #[allow(unreachable_patterns)]
+        return debug_offsets::parse(&head).map_err(|e| match e {
+            debug_offsets::DebugOffsetsError::UnsupportedVersion { version } => DiscoveryError::Unsupported {
+                pid,
+                binary: binary.to_string(),
+                version: PyVersion::from_hex(version).to_string(),
+            },
+            e => DiscoveryError::Other {
+                pid,
+                binary: binary.to_string(),
+                source: e.into(),
+            },
+        });
+    }
+    let version = match (elf.version_hex, version_from_name(binary)) {
+        (Some(hex), _) => PyVersion::from_hex(hex),
+        (None, Some((major, minor))) => PyVersion::from_hex(((major as u64) << 24) | ((minor as u64) << 16)),
+        (None, None) => {
+            return Err(DiscoveryError::Unsupported {
+                pid,
+                binary: binary.to_string(),
+                version: "unknown".into(),
+            })
+        }
+    };
+    tables::builtin(version).ok_or_else(|| DiscoveryError::Unsupported {
+        pid,
+        binary: binary.to_string(),
+        version: version.to_string(),
+    })
+}
+
+/// Every pid under `/proc`, except this process.
+pub fn all_pids() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| pid != me)
+        .collect()
+}
+
+/// Cheap pre-filter for system-wide scans: does anything mapped look like Python?
+pub fn looks_like_python(pid: u32) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines().any(|l| basename(l).contains("python"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_from_names() {
+        assert_eq!(version_from_name("/usr/bin/python3.11"), Some((3, 11)));
+        assert_eq!(version_from_name("/x/lib/libpython3.12.so.1.0"), Some((3, 12)));
+        assert_eq!(version_from_name("/x/lib/libpython3.13d.so"), Some((3, 13)));
+        assert_eq!(version_from_name("/usr/bin/python"), None);
+    }
+
+    #[test]
+    fn maps_lines() {
+        let m = parse_maps_line("7f00-7f10 r-xp 00001000 08:01 1234    /usr/lib/libpython3.12.so.1.0").unwrap();
+        assert_eq!((m.start, m.end, m.offset), (0x7f00, 0x7f10, 0x1000));
+        assert_eq!(m.path, "/usr/lib/libpython3.12.so.1.0");
+        assert!(parse_maps_line("7f00-7f10 rw-p 00000000 00:00 0 ").is_none());
+        assert!(parse_maps_line("7f00-7f10 rw-p 00000000 00:00 0    [heap]").is_none());
+    }
+}

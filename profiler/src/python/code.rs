@@ -1,0 +1,133 @@
+//! Reading code objects and the strings and bytes they point to out of a target process.
+//!
+//! Everything read here is untrusted: lengths are bounded, offsets checked, and garbage
+//! produces an error, never a panic.
+
+use anyhow::{bail, ensure, Context, Result};
+use profiler_common::{fold_tag, CODE_TAG_BYTES};
+
+use super::layout::PyLayout;
+use super::linetable::LineTable;
+use crate::memory::{Fields, ProcessMemory};
+
+/// Longest name or file name accepted (code points).
+const MAX_STRING_CHARS: u64 = 4096;
+/// Largest line table accepted (bytes).
+const MAX_LINETABLE_BYTES: u64 = 1 << 20;
+/// First read of a string or bytes object: header plus short data in one go.
+const FIRST_READ: usize = 256;
+
+/// The symbol information of one code object.
+#[derive(Debug)]
+pub struct CodeInfo {
+    pub qualname: String,
+    pub filename: String,
+    pub firstlineno: u32,
+    pub linetable: LineTable,
+}
+
+impl CodeInfo {
+    /// Line executing at `instr` (the frame's instruction pointer), given the code's address.
+    pub fn line_at_instr(&self, layout: &PyLayout, code: u64, instr: u64) -> u32 {
+        let start = code + layout.code.code_adaptive as u64;
+        if instr < start {
+            // A frame that has not started executing points before its first instruction.
+            return self.firstlineno;
+        }
+        let lasti = ((instr - start) / 2).min(u32::MAX as u64) as u32;
+        self.linetable.line_at(lasti).unwrap_or(self.firstlineno)
+    }
+}
+
+/// Bytes of the code object needed to reach every field we read.
+fn code_read_len(layout: &PyLayout) -> usize {
+    let c = &layout.code;
+    let tag_end = layout.kernel.code_tag_offset as usize + CODE_TAG_BYTES;
+    [c.filename, c.name, c.qualname, c.linetable, c.firstlineno, layout.ob_type]
+        .iter()
+        .map(|&o| o as usize + 8)
+        .chain([tag_end])
+        .max()
+        .unwrap_or(0)
+}
+
+/// The tag the kernel computes for a code object, from a copy of its first bytes.
+pub fn code_tag(layout: &PyLayout, code_bytes: &[u8]) -> Option<u64> {
+    let start = layout.kernel.code_tag_offset as usize;
+    let mut words = [0u64; CODE_TAG_BYTES / 8];
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = code_bytes.u64_at(start + i * 8)?;
+    }
+    Some(fold_tag(&words))
+}
+
+/// Reads the code object at `code`. `expected_tag` is what the kernel saw at sample time: a
+/// mismatch means another object now lives at that address, and nothing is returned for it.
+pub fn read_code(mem: &ProcessMemory, layout: &PyLayout, code: u64, expected_tag: u64) -> Result<CodeInfo> {
+    let bytes = mem.read_vec(code, code_read_len(layout))?;
+    let tag = code_tag(layout, &bytes).context("code object too short")?;
+    ensure!(tag == expected_tag, "code object at {code:#x} changed since it was sampled");
+    let field = |off: u16| bytes.u64_at(off as usize).context("field outside code object");
+    let qualname = read_str(mem, layout, field(layout.code.qualname)?).context("co_qualname")?;
+    let filename = read_str(mem, layout, field(layout.code.filename)?).context("co_filename")?;
+    let firstlineno = bytes.i32_at(layout.code.firstlineno as usize).context("co_firstlineno")?;
+    let table = read_bytes(mem, layout, field(layout.code.linetable)?).context("co_linetable")?;
+    let firstlineno = firstlineno.max(0) as u32;
+    Ok(CodeInfo {
+        qualname,
+        filename,
+        firstlineno,
+        linetable: LineTable::parse(&table, firstlineno),
+    })
+}
+
+/// Reads a `str` object (PEP 393 compact representation).
+pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<String> {
+    ensure!(addr != 0, "NULL string");
+    let u = &layout.unicode;
+    let head = mem.read_upto(addr, FIRST_READ)?;
+    let length = head.u64_at(u.length as usize).context("string header")?;
+    let state = head.u32_at(u.state as usize).context("string header")?;
+    ensure!(length <= MAX_STRING_CHARS, "string of {length} characters is implausible");
+    let kind = (state >> u.kind_shift) & 0b111;
+    let compact = (state >> u.compact_bit) & 1 == 1;
+    let ascii = (state >> u.ascii_bit) & 1 == 1;
+    ensure!(compact, "non-compact string");
+    let (data_off, width) = match (ascii, kind) {
+        (true, 1) => (u.ascii_data as usize, 1),
+        (false, 1 | 2 | 4) => (u.compact_data as usize, kind as usize),
+        _ => bail!("string with unknown kind {kind}"),
+    };
+    let need = data_off + length as usize * width;
+    let data = if need <= head.len() {
+        head[data_off..need].to_vec()
+    } else {
+        mem.read_vec(addr + data_off as u64, length as usize * width)?
+    };
+    Ok(match width {
+        1 => data.iter().map(|&b| b as char).collect(),
+        2 => data
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32).unwrap_or('\u{fffd}'))
+            .collect(),
+        _ => data
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}'))
+            .collect(),
+    })
+}
+
+/// Reads a `bytes` object's contents.
+pub fn read_bytes(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Vec<u8>> {
+    ensure!(addr != 0, "NULL bytes object");
+    let b = &layout.bytes;
+    let head = mem.read_upto(addr, FIRST_READ)?;
+    let size = head.u64_at(b.size as usize).context("bytes header")?;
+    ensure!(size <= MAX_LINETABLE_BYTES, "bytes object of {size} bytes is implausible");
+    let start = b.data as usize;
+    let end = start + size as usize;
+    if end <= head.len() {
+        return Ok(head[start..end].to_vec());
+    }
+    Ok(mem.read_vec(addr + start as u64, size as usize)?)
+}

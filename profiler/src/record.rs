@@ -1,0 +1,332 @@
+//! `pyebpf record`: sample until Ctrl-C, a duration, or the targets' exit, then write a profile.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio::io::unix::AsyncFd;
+
+use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
+use crate::cli::RecordArgs;
+use crate::output;
+use crate::session::{alive, PyFrame, Resolved, Session};
+use crate::UsageError;
+
+/// How long a launched command may take to become a recognizable interpreter.
+const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// System-wide recordings look for new interpreters this often.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What is being profiled.
+enum Scope {
+    Host,
+    Pids(Vec<u32>),
+    Child,
+}
+
+pub fn run(args: RecordArgs) -> Result<i32> {
+    crate::privileges::check()?;
+    for &pid in &args.pids {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(UsageError(format!("no process with pid {pid}: check the pid with `ps -p {pid}`")).into());
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(record(args))
+}
+
+async fn record(args: RecordArgs) -> Result<i32> {
+    let scope = if !args.command.is_empty() {
+        Scope::Child
+    } else if !args.pids.is_empty() {
+        Scope::Pids(args.pids.clone())
+    } else {
+        Scope::Host
+    };
+    let multi = match &scope {
+        Scope::Host => true,
+        Scope::Pids(pids) => pids.len() > 1,
+        Scope::Child => false,
+    };
+    let mut session = Session::start(args.rate)?;
+    let mut warn = |e: &crate::discovery::DiscoveryError| log::warn!("{e}");
+    match &scope {
+        Scope::Pids(pids) => {
+            for &pid in pids {
+                session.add(pid)?;
+            }
+        }
+        Scope::Host => {
+            session.scan(&mut warn);
+        }
+        Scope::Child => {}
+    }
+    let mut child = match &scope {
+        Scope::Child => Some(spawn(&args.command)?),
+        _ => None,
+    };
+    if let Some(child) = child.as_mut() {
+        let pid = child.id().context("launched command has no pid")?;
+        if let Err(e) = await_interpreter(&mut session, pid).await {
+            eprintln!("pyebpf: error: {e:#}");
+            let status = child_wait(child).await;
+            return Ok(status.unwrap_or(2).max(2));
+        }
+    }
+
+    let mut aggregator = Aggregator::new(multi, args.threads);
+    let events = session.take_events().context("ring buffer already taken")?;
+    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged while it lives.
+    let mut events = unsafe { AsyncFd::register(events) }
+        .map_err(std::io::Error::from)
+        .context("polling the ring buffer")?;
+    let started = Instant::now();
+    let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut last_scan = Instant::now();
+    let progress = std::io::stderr().is_terminal();
+    let mut last_progress = Instant::now();
+    let mut child_status: Option<i32> = None;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            guard = events.readable_mut() => {
+                let mut guard = guard.context("waiting for samples")?;
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+                }
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                session.reap();
+                if matches!(scope, Scope::Host) && last_scan.elapsed() >= RESCAN_INTERVAL {
+                    session.scan(&mut warn);
+                    last_scan = Instant::now();
+                }
+                if let Some(c) = child.as_mut() {
+                    if let Ok(Some(status)) = c.try_wait() {
+                        child_status = Some(exit_code_of(status));
+                        break;
+                    }
+                }
+                if let Scope::Pids(pids) = &scope {
+                    if pids.iter().all(|&p| !alive(p)) {
+                        log::info!("every target exited");
+                        break;
+                    }
+                }
+                if progress && last_progress.elapsed() >= Duration::from_secs(1) {
+                    let st = session.stats;
+                    eprint!(
+                        "\rpyebpf: {:.0}s, {} samples from {} processes ({} truncated) - Ctrl-C to stop ",
+                        started.elapsed().as_secs_f64(),
+                        st.samples,
+                        session.watched().count(),
+                        st.truncated
+                    );
+                    last_progress = Instant::now();
+                }
+            }
+            _ = &mut ctrl_c => break,
+            _ = sleep => break,
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    // Whatever the kernel already queued belongs to this recording.
+    let ring = events.get_mut();
+    while let Some(item) = ring.next() {
+        session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+    }
+    if let Some(c) = child.as_mut() {
+        if child_status.is_none() {
+            child_status = child_wait(c).await;
+        }
+    }
+    let elapsed = started.elapsed();
+    finish(&args, &session, aggregator, elapsed)?;
+    Ok(child_status.unwrap_or(0))
+}
+
+fn spawn(command: &[String]) -> Result<tokio::process::Child> {
+    let (program, args) = command.split_first().context("empty command")?;
+    tokio::process::Command::new(program)
+        .args(args)
+        .spawn()
+        .map_err(|e| UsageError(format!("cannot run `{program}`: {e}")).into())
+}
+
+/// Waits until the launched process has exec'd an interpreter and registers it.
+async fn await_interpreter(session: &mut Session, pid: u32) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        match session.add(pid) {
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                // Before exec the child is still a copy of pyebpf: not Python yet.
+                let still_us = std::fs::read_link(format!("/proc/{pid}/exe")).ok() == std::env::current_exe().ok();
+                if !alive(pid) || (!still_us && started.elapsed() > CHILD_DISCOVERY_TIMEOUT) {
+                    return Err(e.into());
+                }
+                if !still_us && !e.is_benign() {
+                    return Err(e.into());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn child_wait(child: &mut tokio::process::Child) -> Option<i32> {
+    child.wait().await.ok().map(exit_code_of)
+}
+
+fn exit_code_of(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Turns resolved samples into interned, root-first stacks.
+struct Aggregator {
+    profile: Profile,
+    by_process: bool,
+    by_thread: bool,
+    python: HashMap<(u32, u64, u64, u32), FrameId>,
+    labels: HashMap<u32, FrameId>,
+    threads: HashMap<(u32, u32), FrameId>,
+    stack: Vec<FrameId>,
+}
+
+impl Aggregator {
+    fn new(by_process: bool, by_thread: bool) -> Self {
+        Aggregator {
+            profile: Profile::default(),
+            by_process,
+            by_thread,
+            python: HashMap::new(),
+            labels: HashMap::new(),
+            threads: HashMap::new(),
+            stack: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, sample: &Resolved, command: &str) {
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        if self.by_process {
+            let profile = &mut self.profile;
+            let id = *self.labels.entry(sample.pid).or_insert_with(|| {
+                profile.intern(label(FrameKind::Process, format!("{command} ({})", sample.pid)))
+            });
+            stack.push(id);
+        }
+        if self.by_thread {
+            let profile = &mut self.profile;
+            let id = *self.threads.entry((sample.pid, sample.tid)).or_insert_with(|| {
+                let name = std::fs::read_to_string(format!("/proc/{}/task/{}/comm", sample.pid, sample.tid))
+                    .map(|n| n.trim().to_string())
+                    .unwrap_or_default();
+                profile.intern(label(FrameKind::Thread, format!("thread {} ({name})", sample.tid)))
+            });
+            stack.push(id);
+        }
+        if sample.truncated || sample.partial {
+            let text = if sample.truncated { "<truncated>" } else { "<partial stack>" };
+            stack.push(self.profile.intern(label(FrameKind::Truncated, text.to_string())));
+        }
+        for frame in sample.frames.iter().rev() {
+            stack.push(self.python_frame(sample.pid, frame));
+        }
+        self.profile.add(&stack, 1);
+        self.stack = stack;
+    }
+
+    fn python_frame(&mut self, pid: u32, frame: &PyFrame) -> FrameId {
+        let key = (pid, frame.code_addr, frame.tag, frame.line);
+        if let Some(&id) = self.python.get(&key) {
+            return id;
+        }
+        let id = match &frame.code {
+            Some(code) => self.profile.intern(Frame {
+                kind: FrameKind::Python,
+                name: code.qualname.as_str().into(),
+                file: Some(code.filename.as_str().into()),
+                line: frame.line,
+            }),
+            None => self.profile.intern(label(FrameKind::Python, "<unknown code object>".into())),
+        };
+        self.python.insert(key, id);
+        id
+    }
+}
+
+fn label(kind: FrameKind, text: String) -> Frame {
+    Frame {
+        kind,
+        name: text.into(),
+        file: None,
+        line: 0,
+    }
+}
+
+fn default_output(format: output::Format) -> PathBuf {
+    let now = unsafe { libc::time(std::ptr::null_mut()) };
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::localtime_r(&now, &mut tm) };
+    PathBuf::from(format!(
+        "pyebpf-{:04}{:02}{:02}-{:02}{:02}{:02}.{}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        format.extension()
+    ))
+}
+
+fn finish(args: &RecordArgs, session: &Session, aggregator: Aggregator, elapsed: Duration) -> Result<()> {
+    let profile = aggregator.profile;
+    let st = session.stats;
+    let kernel = session.kernel_stats();
+    let processes = session.seen.values().filter(|c| !c.is_empty()).count();
+    let truncated_pct = if st.samples > 0 {
+        100.0 * st.truncated as f64 / st.samples as f64
+    } else {
+        0.0
+    };
+    let errors = kernel.read_errors + st.unknown_frames + st.malformed_records;
+    let summary = format!(
+        "{} samples from {} process{} in {:.1}s, {:.1}% truncated, {} errors, {} dropped",
+        st.samples,
+        processes,
+        if processes == 1 { "" } else { "es" },
+        elapsed.as_secs_f64(),
+        truncated_pct,
+        errors,
+        kernel.ringbuf_drops
+    );
+    if profile.samples == 0 {
+        eprintln!("pyebpf: {summary}; no Python samples collected, so no profile was written (was the target busy in Python?)");
+        return Ok(());
+    }
+    let path = args.output.clone().unwrap_or_else(|| default_output(args.format));
+    let title = format!("pyebpf record: {summary}");
+    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    output::write(&profile, args.format, &title, &mut out).with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::flush(&mut out).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("pyebpf: {summary}; wrote {}", path.display());
+    Ok(())
+}

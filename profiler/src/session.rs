@@ -1,0 +1,221 @@
+//! One sampling session: the loaded BPF sampler, the interpreters it watches, and the
+//! userspace half of every sample (decode → symbolize). `record` and `top` drive it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Result;
+use profiler_common::{FrameRecord, SampleHeader, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
+
+use crate::bpf::{KernelStats, Sampler};
+use crate::discovery::{self, DiscoveryError, PythonProcess};
+use crate::elf::ElfCache;
+use crate::python::code::CodeInfo;
+use crate::symbolize::Symbolizer;
+
+/// One Python frame of a sample, symbolized.
+#[derive(Clone, Debug)]
+pub struct PyFrame {
+    /// `None` when the code object could not be read or changed since the sample.
+    pub code: Option<Arc<CodeInfo>>,
+    pub line: u32,
+    pub code_addr: u64,
+    pub tag: u64,
+}
+
+/// A decoded, symbolized sample. `frames` are leaf first.
+#[derive(Debug)]
+pub struct Resolved<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub time_ns: u64,
+    pub frames: &'a [PyFrame],
+    /// The stack is deeper than what could be recovered; `frames` are its top part.
+    pub truncated: bool,
+    /// A read failed mid-walk; `frames` are its top part.
+    pub partial: bool,
+}
+
+/// Totals over a session, for summaries and headers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionStats {
+    pub samples: u64,
+    pub truncated: u64,
+    pub partial: u64,
+    /// Frames whose code object could not be symbolized.
+    pub unknown_frames: u64,
+    /// Samples of processes no longer (or not yet) known to userspace.
+    pub orphan_samples: u64,
+    pub malformed_records: u64,
+}
+
+pub struct Session {
+    sampler: Sampler,
+    elves: ElfCache,
+    procs: HashMap<u32, PythonProcess>,
+    /// Processes that exited; their caches are dropped on the next reap, after the ring
+    /// buffer had a chance to deliver their last samples.
+    exited: Vec<u32>,
+    /// Every process ever profiled in this session (pid → command), for labels after exit.
+    pub seen: HashMap<u32, String>,
+    symbols: Symbolizer,
+    frames: Vec<PyFrame>,
+    pub stats: SessionStats,
+}
+
+impl Session {
+    pub fn start(rate_hz: u64) -> Result<Session> {
+        Ok(Session {
+            sampler: Sampler::start(rate_hz)?,
+            elves: ElfCache::default(),
+            procs: HashMap::new(),
+            exited: Vec::new(),
+            seen: HashMap::new(),
+            symbols: Symbolizer::default(),
+            frames: Vec::with_capacity(profiler_common::MAX_FRAMES),
+            stats: SessionStats::default(),
+        })
+    }
+
+    /// Inspects `pid` and starts sampling it.
+    pub fn add(&mut self, pid: u32) -> Result<&PythonProcess, DiscoveryError> {
+        let proc = discovery::inspect(pid, &self.elves)?;
+        self.sampler
+            .register(pid, proc.runtime, &proc.layout.kernel)
+            .map_err(|source| DiscoveryError::Other {
+                pid,
+                binary: proc.binary.clone(),
+                source,
+            })?;
+        log::info!(
+            "profiling pid {pid} ({}): CPython {} from {}",
+            proc.command,
+            proc.layout.version,
+            proc.binary
+        );
+        self.seen.insert(pid, proc.command.clone());
+        self.exited.retain(|&p| p != pid);
+        Ok(self.procs.entry(pid).or_insert(proc))
+    }
+
+    /// Adds every interpreter on the host not already watched. Returns the pids added;
+    /// unsupported interpreters are reported once each through `warn`.
+    pub fn scan(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
+        let mut added = Vec::new();
+        for pid in discovery::all_pids() {
+            if self.procs.contains_key(&pid) || !discovery::looks_like_python(pid) {
+                continue;
+            }
+            match self.add(pid) {
+                Ok(_) => added.push(pid),
+                Err(e) if e.is_benign() => {}
+                Err(e) => {
+                    // Remember it so it is reported once, not on every scan.
+                    self.seen.entry(pid).or_insert_with(|| {
+                        warn(&e);
+                        String::new()
+                    });
+                }
+            }
+        }
+        added
+    }
+
+    /// Stops watching processes that exited. Returns the pids that left.
+    pub fn reap(&mut self) -> Vec<u32> {
+        for pid in self.exited.drain(..) {
+            self.symbols.forget_process(pid);
+        }
+        let gone: Vec<u32> = self.procs.keys().copied().filter(|&pid| !alive(pid)).collect();
+        for &pid in &gone {
+            self.procs.remove(&pid);
+            self.sampler.unregister(pid);
+            self.exited.push(pid);
+        }
+        gone
+    }
+
+    pub fn watched(&self) -> impl Iterator<Item = &PythonProcess> {
+        self.procs.values()
+    }
+
+    pub fn is_watched(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    pub fn kernel_stats(&self) -> KernelStats {
+        self.sampler.stats()
+    }
+
+    pub fn symbol_stats(&self) -> crate::symbolize::SymbolStats {
+        self.symbols.stats
+    }
+
+    /// The ring buffer, for the event loop to wait on; give it back with `return_events`.
+    pub fn take_events(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+        self.sampler.events.take()
+    }
+
+    /// Decodes and symbolizes one ring-buffer record, handing it to `sink`.
+    pub fn process_record(&mut self, bytes: &[u8], sink: &mut dyn FnMut(&Resolved, &str)) {
+        let header_len = size_of::<SampleHeader>();
+        let Some(head) = bytes.get(..header_len) else {
+            self.stats.malformed_records += 1;
+            return;
+        };
+        let header: SampleHeader = bytemuck::pod_read_unaligned(head);
+        let frame_len = size_of::<FrameRecord>();
+        let body = &bytes[header_len..];
+        if body.len() < header.nframes as usize * frame_len {
+            self.stats.malformed_records += 1;
+            return;
+        }
+        let Some(proc) = self.procs.get(&header.pid) else {
+            self.stats.orphan_samples += 1;
+            return;
+        };
+        self.frames.clear();
+        for chunk in body.chunks_exact(frame_len).take(header.nframes as usize) {
+            let rec: FrameRecord = bytemuck::pod_read_unaligned(chunk);
+            let code = self.symbols.code(header.pid, &proc.layout, rec.code, rec.tag);
+            let line = code
+                .as_ref()
+                .map(|c| c.line_at_instr(&proc.layout, rec.code, rec.instr))
+                .unwrap_or(0);
+            if code.is_none() {
+                self.stats.unknown_frames += 1;
+            }
+            self.frames.push(PyFrame {
+                code,
+                line,
+                code_addr: rec.code,
+                tag: rec.tag,
+            });
+        }
+        let resolved = Resolved {
+            pid: header.pid,
+            tid: header.tid,
+            cpu: header.cpu,
+            time_ns: header.time_ns,
+            frames: &self.frames,
+            truncated: header.flags & SAMPLE_TRUNCATED != 0,
+            partial: header.flags & SAMPLE_READ_ERROR != 0,
+        };
+        self.stats.samples += 1;
+        self.stats.truncated += resolved.truncated as u64;
+        self.stats.partial += resolved.partial as u64;
+        sink(&resolved, &proc.command);
+    }
+}
+
+/// A process that still runs (exists and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}

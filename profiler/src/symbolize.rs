@@ -1,0 +1,72 @@
+//! (pid, code address, tag) → function, file and line table, cached.
+//!
+//! The key includes the tag the kernel folded from the code object at sample time, so a code
+//! object freed and replaced by another at the same address gets a new entry instead of the
+//! old name. Steady-state sampling of a stable program does no remote reads at all.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::memory::{ProcessMemory, ReadError};
+use crate::python::code::{read_code, CodeInfo};
+use crate::python::layout::PyLayout;
+
+/// Code objects kept; past this the cache starts over (and `evictions` counts it).
+pub const MAX_CODE_ENTRIES: usize = 1 << 18;
+
+#[derive(Default, Debug, Clone, Copy)]
+pub struct SymbolStats {
+    pub lookups: u64,
+    pub misses: u64,
+    pub errors: u64,
+    pub evictions: u64,
+}
+
+#[derive(Default)]
+pub struct Symbolizer {
+    cache: HashMap<(u32, u64, u64), Option<Arc<CodeInfo>>>,
+    pub stats: SymbolStats,
+}
+
+impl Symbolizer {
+    /// The code object `code` of process `pid` as it was when the kernel saw tag `tag`;
+    /// `None` when it cannot be read or no longer matches.
+    pub fn code(&mut self, pid: u32, layout: &PyLayout, code: u64, tag: u64) -> Option<Arc<CodeInfo>> {
+        self.stats.lookups += 1;
+        if let Some(hit) = self.cache.get(&(pid, code, tag)) {
+            return hit.clone();
+        }
+        self.stats.misses += 1;
+        let info = match read_code(&ProcessMemory::new(pid), layout, code, tag) {
+            Ok(info) => Some(Arc::new(info)),
+            Err(err) => {
+                self.stats.errors += 1;
+                log::debug!("pid {pid}: code object {code:#x}: {err:#}");
+                let gone = err.downcast_ref::<ReadError>().is_some_and(|e| matches!(e, ReadError::Gone { .. }));
+                if gone {
+                    return None;
+                }
+                None
+            }
+        };
+        if self.cache.len() >= MAX_CODE_ENTRIES {
+            self.cache.clear();
+            self.stats.evictions += 1;
+        }
+        self.cache.insert((pid, code, tag), info.clone());
+        info
+    }
+
+    /// Drops everything cached for an exited process.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.cache.retain(|&(p, _, _), _| p != pid);
+    }
+
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+}
