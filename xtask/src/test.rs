@@ -1,0 +1,104 @@
+//! `cargo xtask test`: the project's one test command.
+//!
+//! fmt check -> setup -> sid root (optional) -> build `pyebpf` -> `cargo test --workspace`
+//! with `PYEBPF_BIN` and `PYEBPF_SID_ROOT` set for the integration tests.
+use std::ffi::OsString;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+
+use crate::setup::{self, SetupArgs};
+use crate::sidroot::{self, SidrootArgs};
+use crate::util;
+
+#[derive(Args, Debug)]
+pub struct TestArgs {
+    /// Don't build the sid root (the 3.13-3.15 tests skip unless it already exists).
+    #[arg(long)]
+    pub no_sidroot: bool,
+    /// Extra arguments for `cargo test`; those after a second `--` go to the test binaries,
+    /// e.g. `cargo xtask test -- -p tests sid_3_15 -- --nocapture`.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "ARGS"
+    )]
+    pub args: Vec<OsString>,
+}
+
+pub fn test(args: &TestArgs) -> Result<()> {
+    let started = Instant::now();
+    let mut timings: Vec<(&str, f64)> = Vec::new();
+    let mut lap = Instant::now();
+    let mut done = |name, lap: &mut Instant| {
+        timings.push((name, lap.elapsed().as_secs_f64()));
+        *lap = Instant::now();
+    };
+
+    util::step("cargo fmt --check");
+    let fmt = util::status(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
+    if !fmt.success() {
+        bail!("code is not formatted (diff above)\n  fix: run `cargo fmt --all` and commit the result");
+    }
+    done("fmt", &mut lap);
+
+    setup::setup(&SetupArgs::default())?;
+    done("setup", &mut lap);
+
+    let sid_args = SidrootArgs::default();
+    let sid_root = sidroot::root_dir(&sid_args);
+    if args.no_sidroot {
+        eprintln!("sid root not requested (--no-sidroot); 3.13-3.15 tests skip unless it exists");
+    } else if let Err(err) = sidroot::sidroot(&sid_args) {
+        eprintln!("sid root unavailable: {err:#}; 3.13–3.15 tests will skip");
+    }
+    done("sid root", &mut lap);
+
+    util::step("build pyebpf (debug)");
+    util::run(util::cargo().args(["build", "-p", "profiler"]))
+        .context("building pyebpf failed (errors above)")?;
+    let bin = util::target_dir().join("debug/pyebpf");
+    done("build", &mut lap);
+
+    util::step("cargo test --workspace");
+    let (cargo_args, harness_args) = split_at_dashdash(&args.args);
+    let mut cmd = util::cargo();
+    cmd.env("PYEBPF_BIN", &bin)
+        .env("PYEBPF_SID_ROOT", &sid_root)
+        .args(["test", "--workspace"])
+        .args(cargo_args)
+        .arg("--");
+    if !harness_args
+        .iter()
+        .any(|a| a.to_string_lossy().starts_with("--test-threads"))
+    {
+        cmd.arg("--test-threads=2");
+    }
+    cmd.args(harness_args);
+    let ok = util::status(&mut cmd)?.success();
+    done("cargo test", &mut lap);
+
+    let summary: Vec<String> = timings
+        .iter()
+        .map(|(n, s)| format!("{n} {s:.1}s"))
+        .collect();
+    eprintln!(
+        "timings: {} (total {:.1}s)",
+        summary.join(", "),
+        started.elapsed().as_secs_f64()
+    );
+    if !ok {
+        bail!("tests failed (see above)");
+    }
+    eprintln!("all tests passed");
+    Ok(())
+}
+
+/// `a b -- c d` -> (`a b`, `c d`); without `--` everything is for cargo.
+fn split_at_dashdash(args: &[OsString]) -> (&[OsString], &[OsString]) {
+    match args.iter().position(|a| a == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (args, &[]),
+    }
+}
