@@ -1,1 +1,165 @@
 //! Writers for aggregated profiles.
+//!
+//! [`write`] renders a [`Profile`] as a flame graph (SVG, via inferno), a speedscope JSON file or
+//! collapsed ("folded") stacks, the text format most flame graph tools read.
+
+pub mod collapsed;
+pub mod flamegraph;
+pub mod speedscope;
+
+use std::io::Write;
+
+use crate::aggregate::Profile;
+
+/// An output format for a recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Interactive SVG flame graph.
+    Flamegraph,
+    /// JSON for <https://www.speedscope.app>, one profile per process.
+    Speedscope,
+    /// Collapsed stacks: `frame;frame;frame count`, one line per distinct stack.
+    Collapsed,
+}
+
+impl Format {
+    /// The usual file extension, without the leading dot.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Flamegraph => "svg",
+            Format::Speedscope => "speedscope.json",
+            Format::Collapsed => "txt",
+        }
+    }
+}
+
+/// Writes `profile` in `format` to `out`. `title` names the recording (e.g. "pyebpf record: 3
+/// processes, 12345 samples").
+///
+/// A flame graph of a profile without samples is an error (nothing is written); the other
+/// formats write an empty (but valid) file.
+pub fn write(
+    profile: &Profile,
+    format: Format,
+    title: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Flamegraph => flamegraph::write(profile, title, out),
+        Format::Speedscope => speedscope::write(profile, title, out),
+        Format::Collapsed => collapsed::write(profile, out),
+    }?;
+    out.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::sync::Arc;
+
+    use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
+
+    pub fn frame(kind: FrameKind, name: &str) -> Frame {
+        Frame {
+            kind,
+            name: Arc::from(name),
+            file: None,
+            line: 0,
+        }
+    }
+
+    pub fn py(name: &str, file: &str, line: u32) -> Frame {
+        Frame {
+            kind: FrameKind::Python,
+            name: Arc::from(name),
+            file: Some(Arc::from(file)),
+            line,
+        }
+    }
+
+    /// Two processes (one with a `;` in its name), threads, Python frames (one with a `;` in
+    /// its file name) and a truncated stack: 100 samples in all.
+    pub fn two_processes() -> Profile {
+        let mut p = Profile::default();
+        let proc_a = p.intern(frame(FrameKind::Process, "python3 (100)"));
+        let proc_b = p.intern(frame(FrameKind::Process, "wor;ker (200)"));
+        let thread_a = p.intern(frame(FrameKind::Thread, "thread 100 (MainThread)"));
+        let thread_b = p.intern(frame(FrameKind::Thread, "thread 201 (pool-1)"));
+        let main = p.intern(py("main", "/srv/app.py", 10));
+        let work = p.intern(py("work", "/srv/app.py", 20));
+        let parse = p.intern(py(
+            "Parser.parse",
+            "/usr/lib/python3.12/site-packages/lib/parse.py",
+            0,
+        ));
+        let odd = p.intern(py("odd", "/tmp/a;b/odd.py", 3));
+        let truncated = p.intern(frame(FrameKind::Truncated, "[truncated]"));
+
+        p.add(&[proc_a, thread_a, main, work], 40);
+        p.add(&[proc_a, thread_a, main, parse], 25);
+        p.add(&[proc_a, thread_a, main], 5);
+        p.add(&[proc_b, thread_b, odd], 20);
+        p.add(&[proc_b, thread_b, truncated], 7);
+        p.add(&[proc_b, thread_b, odd], 3);
+        assert_eq!(p.samples, 100);
+        p
+    }
+
+    /// A single process without a process root frame: 10 samples.
+    pub fn single() -> Profile {
+        let mut p = Profile::default();
+        let main = p.intern(py("main", "app.py", 1));
+        let f = p.intern(py("f", "app.py", 5));
+        let g = p.intern(py("g", "app.py", 9));
+        p.add(&[main, f], 6);
+        p.add(&[main, g], 3);
+        p.add(&[main], 1);
+        p
+    }
+
+    /// Labels of a stack, root first.
+    pub fn labels(p: &Profile, stack: &[FrameId]) -> Vec<String> {
+        stack.iter().map(|&id| p.frame(id).label()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extensions() {
+        assert_eq!(Format::Flamegraph.extension(), "svg");
+        assert_eq!(Format::Speedscope.extension(), "speedscope.json");
+        assert_eq!(Format::Collapsed.extension(), "txt");
+    }
+
+    #[test]
+    fn format_parses_from_cli_names() {
+        use clap::ValueEnum;
+        assert_eq!(
+            Format::from_str("flamegraph", false),
+            Ok(Format::Flamegraph)
+        );
+        assert_eq!(
+            Format::from_str("speedscope", false),
+            Ok(Format::Speedscope)
+        );
+        assert_eq!(Format::from_str("collapsed", false), Ok(Format::Collapsed));
+    }
+
+    #[test]
+    fn write_dispatches() {
+        let profile = test_support::single();
+        for format in [Format::Flamegraph, Format::Speedscope, Format::Collapsed] {
+            let mut out = Vec::new();
+            write(&profile, format, "t", &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            match format {
+                Format::Flamegraph => assert!(text.contains("<svg")),
+                Format::Speedscope => assert!(text.starts_with('{')),
+                Format::Collapsed => assert!(text.starts_with("main (app.py:1);f (app.py:5) 6\n")),
+            }
+        }
+    }
+}
