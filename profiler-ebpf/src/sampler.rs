@@ -1,5 +1,8 @@
+use core::ffi::c_void;
+
 use aya_ebpf::{
     helpers::{
+        generated::bpf_loop,
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
         bpf_probe_read_user_buf,
     },
@@ -15,10 +18,9 @@ use profiler_common::{
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
 const RINGBUF_BYTES: u32 = 8 << 20;
-/// Shim frames (C-stack entry frames, interpreter-owned frames) are at most one per
-/// Python→C→Python transition; this bounds the loop when they are interleaved.
-const MAX_WALK: usize = MAX_FRAMES + 64;
-const HEADER_WORDS: usize = FRAME_HEADER_BYTES / 8;
+/// Power of two so the verifier can bound the word index with a mask.
+const HEADER_WORDS: usize = 16;
+const _: () = assert!(FRAME_HEADER_BYTES <= HEADER_WORDS * 8);
 
 #[map]
 static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(MAX_PROCS, 0);
@@ -79,32 +81,48 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         bump(stat::NO_FRAME);
         return 0;
     }
-    let Some(sample) = SCRATCH.get_ptr_mut(0) else {
-        return 0;
-    };
-    let sample = unsafe { &mut *sample };
-    let header = &mut sample.header;
-    header.time_ns = unsafe { bpf_ktime_get_ns() };
-    header.tstate = tstate;
-    header.datastack_chunk = read_u64(tstate + layout.tstate_datastack_chunk as u64).unwrap_or(0);
-    header.pid = pid;
-    header.tid = tid;
-    header.cpu = unsafe { bpf_get_smp_processor_id() };
-    header.flags = if cached { SAMPLE_TSTATE_CACHED } else { 0 };
-    let (nframes, next_frame, flags) = walk(frame, layout, &mut sample.frames);
+    let datastack_chunk = read_u64(tstate + layout.tstate_datastack_chunk as u64).unwrap_or(0);
+    // The walk writes frames into SCRATCH itself; the header is filled in afterwards.
+    let (nframes, next_frame, flags) = walk(frame, proc.layout);
     if nframes == 0 {
         bump(stat::NO_FRAME);
         return 0;
     }
-    let header = &mut sample.header;
-    header.nframes = nframes as u16;
-    header.next_frame = next_frame;
-    header.flags |= flags;
     if flags & SAMPLE_TRUNCATED != 0 {
         bump(stat::TRUNCATED);
     }
+    let Some(sample) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    let sample = unsafe { &mut *sample };
+    sample.header = SampleHeader {
+        time_ns: unsafe { bpf_ktime_get_ns() },
+        tstate,
+        datastack_chunk,
+        next_frame,
+        pid,
+        tid,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        flags: flags | if cached { SAMPLE_TSTATE_CACHED } else { 0 },
+        nframes: nframes as u16,
+    };
     emit(sample, nframes);
     0
+}
+
+/// State of the thread-list search, carried across `bpf_loop` iterations.
+#[repr(C)]
+struct ThreadSearch {
+    runtime: u64,
+    interp: u64,
+    tstate: u64,
+    found: u64,
+    layout: u32,
+    tid: u32,
+    /// Interpreters entered so far.
+    interps: u32,
+    /// The search ran out of input or hit a read error.
+    done: u32,
 }
 
 /// Finds the thread's `PyThreadState`: from the tid cache when the cached state still names
@@ -120,31 +138,77 @@ fn find_tstate(tid: u32, proc: &ProcInfo, layout: &PyOffsets) -> Option<(u64, bo
         }
         let _ = THREADS.remove(&tid);
     }
-    let mut interp = read_u64(proc.runtime + layout.runtime_interpreters_head as u64)?;
-    for _ in 0..MAX_INTERPRETERS {
-        if interp == 0 {
-            return None;
-        }
-        let mut tstate = read_u64(interp + layout.interp_threads_head as u64)?;
-        for _ in 0..MAX_THREAD_WALK {
-            if tstate == 0 {
-                break;
-            }
-            if read_u64(tstate + native_id)? == tid as u64 {
-                let _ = THREADS.insert(&tid, &tstate, 0);
-                return Some((tstate, false));
-            }
-            tstate = read_u64(tstate + layout.tstate_next as u64)?;
-        }
-        if tstate != 0 {
-            bump(stat::THREAD_WALK_LIMIT);
-        }
-        interp = read_u64(interp + layout.interp_next as u64)?;
+    let mut search = ThreadSearch {
+        runtime: proc.runtime,
+        interp: 0,
+        tstate: 0,
+        found: 0,
+        layout: proc.layout,
+        tid,
+        interps: 0,
+        done: 0,
+    };
+    let steps = MAX_INTERPRETERS * (MAX_THREAD_WALK + 1);
+    unsafe {
+        bpf_loop(steps, thread_step as *mut c_void, &mut search as *mut ThreadSearch as *mut c_void, 0);
     }
-    if interp != 0 {
+    if search.found != 0 {
+        let _ = THREADS.insert(&tid, &search.found, 0);
+        return Some((search.found, false));
+    }
+    if search.done == 0 {
         bump(stat::THREAD_WALK_LIMIT);
     }
     None
+}
+
+/// One step of the thread search: enter the next interpreter, or test one thread state.
+/// Returns 1 to stop the loop.
+#[inline(never)]
+extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
+    let search = unsafe { &mut *(ctx as *mut ThreadSearch) };
+    let Some(layout) = LAYOUTS.get(search.layout) else {
+        search.done = 1;
+        return 1;
+    };
+    if search.tstate == 0 {
+        // Current interpreter exhausted (or none yet): move to the next one.
+        let next = if search.interps == 0 {
+            read_u64(search.runtime + layout.runtime_interpreters_head as u64)
+        } else {
+            read_u64(search.interp + layout.interp_next as u64)
+        };
+        let Some(interp) = next.filter(|&i| i != 0) else {
+            search.done = 1;
+            return 1;
+        };
+        if search.interps >= MAX_INTERPRETERS {
+            return 1;
+        }
+        search.interps += 1;
+        search.interp = interp;
+        match read_u64(interp + layout.interp_threads_head as u64) {
+            Some(head) => search.tstate = head,
+            None => {
+                search.done = 1;
+                return 1;
+            }
+        }
+        return 0;
+    }
+    if read_u64(search.tstate + layout.tstate_native_thread_id as u64) == Some(search.tid as u64) {
+        search.found = search.tstate;
+        search.done = 1;
+        return 1;
+    }
+    match read_u64(search.tstate + layout.tstate_next as u64) {
+        Some(next) => search.tstate = next,
+        None => {
+            search.done = 1;
+            return 1;
+        }
+    }
+    0
 }
 
 #[inline(always)]
@@ -161,56 +225,94 @@ fn current_frame(tstate: u64, layout: &PyOffsets) -> Option<u64> {
 
 #[inline(always)]
 fn word(header: &[u64; HEADER_WORDS], offset: u16) -> u64 {
-    header[(offset as usize / 8) % HEADER_WORDS]
+    header[(offset as usize / 8) & (HEADER_WORDS - 1)]
 }
 
-/// Walks `previous` links from `frame`, recording Python frames and skipping shims.
-/// Returns (frames recorded, where the walk stopped if truncated, SAMPLE_* flags).
+/// State of the frame walk, carried across `bpf_loop` iterations.
+#[repr(C)]
+struct Walk {
+    frame: u64,
+    /// Records written (shims included).
+    nframes: u32,
+    layout: u32,
+    flags: u32,
+    done: u32,
+}
+
+/// Walks `previous` links from `frame`, one record per frame into `SCRATCH`.
+/// Returns (records written, where the walk stopped if incomplete, SAMPLE_* flags).
+///
+/// Shim frames (C-stack entry frames, interpreter-owned frames) are recorded with `code == 0`
+/// and dropped by userspace: writing record `i` at iteration `i` keeps the loop state free of
+/// counters, so the verifier checks the body once instead of once per frame.
 #[inline(always)]
-fn walk(mut frame: u64, layout: &PyOffsets, out: &mut [FrameRecord; MAX_FRAMES]) -> (usize, u64, u16) {
-    let Some(header) = FRAME_HEADER.get_ptr_mut(0) else {
-        return (0, 0, SAMPLE_READ_ERROR);
+fn walk(frame: u64, layout: u32) -> (usize, u64, u16) {
+    let mut walk = Walk {
+        frame,
+        nframes: 0,
+        layout,
+        flags: 0,
+        done: 0,
+    };
+    unsafe {
+        bpf_loop(MAX_FRAMES as u32, walk_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0);
+    }
+    let mut flags = walk.flags as u16;
+    if walk.done == 0 && walk.frame != 0 {
+        flags |= SAMPLE_TRUNCATED;
+    }
+    let next = if flags != 0 { walk.frame } else { 0 };
+    (walk.nframes as usize, next, flags)
+}
+
+/// One frame of the walk. Returns 1 to stop the loop.
+#[inline(never)]
+extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
+    let walk = unsafe { &mut *(ctx as *mut Walk) };
+    if walk.frame == 0 {
+        walk.done = 1;
+        return 1;
+    }
+    let (Some(layout), Some(header), Some(sample)) =
+        (LAYOUTS.get(walk.layout), FRAME_HEADER.get_ptr_mut(0), SCRATCH.get_ptr_mut(0))
+    else {
+        walk.flags |= SAMPLE_READ_ERROR as u32;
+        return 1;
     };
     let header = unsafe { &mut *header };
-    let mut n = 0usize;
-    for _ in 0..MAX_WALK {
-        if frame == 0 {
-            return (n, 0, 0);
-        }
-        if n >= MAX_FRAMES {
-            return (n, frame, SAMPLE_TRUNCATED);
-        }
-        let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
-        if unsafe { bpf_probe_read_user_buf(frame as *const u8, bytes) }.is_err() {
-            bump(stat::READ_ERRORS);
-            return (n, frame, SAMPLE_READ_ERROR);
-        }
-        let previous = word(header, layout.frame_previous);
-        let code = word(header, layout.frame_executable) & layout.executable_mask;
-        let owner_shift = (layout.frame_owner % 8) * 8;
-        let owner = (word(header, layout.frame_owner) >> owner_shift) & 0xff;
-        let shim = owner < 32 && layout.skip_owner_mask & (1 << owner) != 0;
-        if shim || code == 0 {
-            frame = previous;
-            continue;
-        }
-        let instr = word(header, layout.frame_instr_ptr);
-        let mut window = [0u64; CODE_TAG_BYTES / 8];
-        let window_bytes: &mut [u8; CODE_TAG_BYTES] = unsafe { &mut *(&mut window as *mut _ as *mut _) };
-        let src = (code + layout.code_tag_offset as u64) as *const u8;
-        if unsafe { bpf_probe_read_user_buf(src, window_bytes) }.is_err() {
-            bump(stat::READ_ERRORS);
-            return (n, frame, SAMPLE_READ_ERROR);
-        }
-        let slot = &mut out[n % MAX_FRAMES];
-        slot.frame = frame;
-        slot.code = code;
-        slot.instr = instr;
-        slot.tag = fold_tag(&window);
-        n += 1;
-        frame = previous;
+    let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
+    if unsafe { bpf_probe_read_user_buf(walk.frame as *const u8, bytes) }.is_err() {
+        bump(stat::READ_ERRORS);
+        walk.flags |= SAMPLE_READ_ERROR as u32;
+        return 1;
     }
-    (n, frame, if frame == 0 { 0 } else { SAMPLE_TRUNCATED })
+    let previous = word(header, layout.frame_previous);
+    let mut code = word(header, layout.frame_executable) & layout.executable_mask;
+    let owner_shift = (layout.frame_owner % 8) * 8;
+    let owner = (word(header, layout.frame_owner) >> owner_shift) & 0xff;
+    if owner < 32 && layout.skip_owner_mask & (1 << owner) != 0 {
+        code = 0;
+    }
+    let mut tag = 0;
+    if code != 0 {
+        let src = (code + layout.code_tag_offset as u64) as *const [u64; CODE_TAG_BYTES / 8];
+        // Read straight into the value: a zero-initialised buffer would cost a byte-wise memset.
+        let Ok(window) = (unsafe { bpf_probe_read_user(src) }) else {
+            bump(stat::READ_ERRORS);
+            walk.flags |= SAMPLE_READ_ERROR as u32;
+            return 1;
+        };
+        tag = fold_tag(&window);
+    }
+    let sample = unsafe { &mut *sample };
+    let slot = &mut sample.frames[index as usize & (MAX_FRAMES - 1)];
+    slot.frame = walk.frame;
+    slot.code = code;
+    slot.instr = word(header, layout.frame_instr_ptr);
+    slot.tag = tag;
+    walk.nframes = index as u32 + 1;
+    walk.frame = previous;
+    0
 }
 
 #[inline(always)]

@@ -8,7 +8,7 @@ fn main() {
         1 => "info",
         _ => "debug",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(format!("profiler={level},pyebpf={level}")))
         .format_timestamp(None)
         .init();
     let result = match cli.command {

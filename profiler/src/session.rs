@@ -48,6 +48,8 @@ pub struct SessionStats {
     /// Samples of processes no longer (or not yet) known to userspace.
     pub orphan_samples: u64,
     pub malformed_records: u64,
+    /// Records holding only shim frames (no Python code running yet).
+    pub shim_only: u64,
 }
 
 pub struct Session {
@@ -178,6 +180,10 @@ impl Session {
         self.frames.clear();
         for chunk in body.chunks_exact(frame_len).take(header.nframes as usize) {
             let rec: FrameRecord = bytemuck::pod_read_unaligned(chunk);
+            if rec.code == 0 {
+                // A shim frame (C-stack entry, interpreter-owned): not Python code.
+                continue;
+            }
             let code = self.symbols.code(header.pid, &proc.layout, rec.code, rec.tag);
             let line = code
                 .as_ref()
@@ -192,6 +198,10 @@ impl Session {
                 code_addr: rec.code,
                 tag: rec.tag,
             });
+        }
+        if self.frames.is_empty() {
+            self.stats.shim_only += 1;
+            return;
         }
         let resolved = Resolved {
             pid: header.pid,

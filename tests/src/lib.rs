@@ -193,3 +193,136 @@ pub fn pyebpf_bin() -> PathBuf {
 pub fn workloads_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads")
 }
+
+/// A workload process, killed when dropped.
+pub struct Workload {
+    pub child: std::process::Child,
+    /// Lines it printed up to and including `ready`.
+    pub lines: Vec<String>,
+}
+
+impl Workload {
+    /// Starts `script` (in [`workloads_dir`]) under `interp` and waits until it prints `ready`.
+    pub fn start(interp: &Interpreter, script: &str, args: &[&str]) -> Workload {
+        use std::io::BufRead;
+        let path = workloads_dir().join(script);
+        let mut child = interp
+            .command(&path, args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {script} under {}: {e}", interp.label));
+        let stdout = child.stdout.take().unwrap();
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            let n = reader.read_line(&mut line).expect("reading workload output");
+            assert!(n > 0, "{script} under {} exited before printing ready", interp.label);
+            let line = line.trim().to_string();
+            let done = line == "ready";
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        // Keep the pipe open (and drained) so the workload never blocks or gets SIGPIPE.
+        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
+        Workload { child, lines }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The result of one `pyebpf record` run with collapsed output.
+#[derive(Debug)]
+pub struct Recording {
+    pub status: std::process::ExitStatus,
+    pub stderr: String,
+    /// Root-first stacks with their sample counts.
+    pub stacks: Vec<(Vec<String>, u64)>,
+}
+
+impl Recording {
+    pub fn total(&self) -> u64 {
+        self.stacks.iter().map(|(_, c)| c).sum()
+    }
+}
+
+fn unique_path(stem: &str, ext: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("pyebpf-test-{}-{stem}-{n}.{ext}", std::process::id()))
+}
+
+/// Runs `pyebpf record -f collapsed -o <tmp> <args>` and parses what it wrote.
+pub fn record(args: &[&str]) -> Recording {
+    let out = unique_path("record", "txt");
+    let output = Command::new(pyebpf_bin())
+        .arg("record")
+        .args(["-f", "collapsed", "-o"])
+        .arg(&out)
+        .args(args)
+        .output()
+        .expect("running pyebpf");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    Recording {
+        status: output.status,
+        stderr,
+        stacks: parse_collapsed(&text),
+    }
+}
+
+/// Parses collapsed stacks (`a;b;c 12` per line).
+pub fn parse_collapsed(text: &str) -> Vec<(Vec<String>, u64)> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (stack, count) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad collapsed line {l:?}"));
+            let count = count.parse().unwrap_or_else(|_| panic!("bad count in {l:?}"));
+            (stack.split(';').map(str::to_string).collect(), count)
+        })
+        .collect()
+}
+
+/// A Python frame label `function (file:line)` split into its parts (file reduced to its name).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PyLabel {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+}
+
+pub fn parse_label(label: &str) -> Option<PyLabel> {
+    let (function, rest) = label.rsplit_once(" (")?;
+    let inner = rest.strip_suffix(')')?;
+    let (file, line) = inner.rsplit_once(':')?;
+    Some(PyLabel {
+        function: function.to_string(),
+        file: file.rsplit('/').next().unwrap_or(file).to_string(),
+        line: line.parse().ok()?,
+    })
+}
+
+/// Line numbers of `# LINE:<name>` markers in a workload script.
+pub fn marker_lines(script: &str) -> std::collections::HashMap<String, u32> {
+    let text = std::fs::read_to_string(workloads_dir().join(script)).expect("reading workload");
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let name = l.split("# LINE:").nth(1)?;
+            Some((name.trim().to_string(), i as u32 + 1))
+        })
+        .collect()
+}
