@@ -95,13 +95,16 @@ pub fn sidroot(args: &SidrootArgs) -> Result<PathBuf> {
         }
         // A root made by hand (or before markers existed) that has everything: adopt it.
         if root.exists() {
-            if let Ok(versions) = verify(&root) {
-                write_marker(&root, &versions)?;
-                eprintln!(
-                    "ok: sid root {} ({versions}; verified and marked)",
-                    root.display()
-                );
-                return Ok(root);
+            match verify(&root) {
+                Ok(versions) => {
+                    write_marker(&root, &versions)?;
+                    eprintln!(
+                        "ok: sid root {} ({versions}; verified and marked)",
+                        root.display()
+                    );
+                    return Ok(root);
+                }
+                Err(err) => eprintln!("the existing root is incomplete ({err:#}); rebuilding it"),
             }
         }
     }
@@ -112,6 +115,7 @@ pub fn sidroot(args: &SidrootArgs) -> Result<PathBuf> {
         .or_else(|| std::env::var("PYEBPF_DEBIAN_MIRROR").ok())
         .filter(|m| !m.is_empty())
         .unwrap_or_else(|| DEFAULT_MIRROR.to_string());
+    check_ours(&root)?;
     ensure_debootstrap()?;
     let started = Instant::now();
     let mut attempt = 1;
@@ -269,6 +273,30 @@ fn remove_root(root: &Path) -> Result<()> {
     if root.symlink_metadata().is_err() {
         return Ok(());
     }
+    check_ours(root)?;
+    for mount in mounts_under(root) {
+        let _ = util::status(Command::new("umount").arg("-l").arg(&mount));
+    }
+    let left = mounts_under(root);
+    if !left.is_empty() {
+        bail!(
+            "cannot remove {}: still mounted inside: {left:?}",
+            root.display()
+        );
+    }
+    util::run(
+        Command::new("rm")
+            .args(["-rf", "--one-file-system"])
+            .arg(root),
+    )
+}
+
+/// A missing or empty directory, or one that looks like a (partial) Debian root: safe to
+/// replace. Anything else is someone's data.
+fn check_ours(root: &Path) -> Result<()> {
+    if root.symlink_metadata().is_err() {
+        return Ok(());
+    }
     if root.components().count() < 3 {
         bail!(
             "refusing to remove {}: path too short to be a sid root",
@@ -289,21 +317,7 @@ fn remove_root(root: &Path) -> Result<()> {
             root.display()
         );
     }
-    for mount in mounts_under(root) {
-        let _ = util::status(Command::new("umount").arg("-l").arg(&mount));
-    }
-    let left = mounts_under(root);
-    if !left.is_empty() {
-        bail!(
-            "cannot remove {}: still mounted inside: {left:?}",
-            root.display()
-        );
-    }
-    util::run(
-        Command::new("rm")
-            .args(["-rf", "--one-file-system"])
-            .arg(root),
-    )
+    Ok(())
 }
 
 /// Mount points at or below `root`, deepest first.

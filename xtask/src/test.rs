@@ -17,6 +17,9 @@ pub struct TestArgs {
     /// Don't build the sid root (the 3.13-3.15 tests skip unless it already exists).
     #[arg(long)]
     pub no_sidroot: bool,
+    /// Skip the `cargo fmt --check` that normally runs first.
+    #[arg(long)]
+    pub no_fmt_check: bool,
     /// Extra arguments for `cargo test`; those after a second `--` go to the test binaries,
     /// e.g. `cargo xtask test -- -p tests sid_3_15 -- --nocapture`.
     #[arg(
@@ -36,10 +39,15 @@ pub fn test(args: &TestArgs) -> Result<()> {
         *lap = Instant::now();
     };
 
-    util::step("cargo fmt --check");
-    let fmt = util::status(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
-    if !fmt.success() {
-        bail!("code is not formatted (diff above)\n  fix: run `cargo fmt --all` and commit the result");
+    if !args.no_fmt_check {
+        util::step("cargo fmt --check");
+        let fmt = util::status(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
+        if !fmt.success() {
+            bail!(
+                "code is not formatted (diff above)\n  fix: run `cargo fmt --all` and commit the \
+                 result"
+            );
+        }
     }
     done("fmt", &mut lap);
 
@@ -66,7 +74,7 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let mut cmd = util::cargo();
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");
     if !harness_args
