@@ -1,0 +1,797 @@
+//! Layouts of CPython ≥ 3.13, read from the `_Py_DebugOffsets` struct the interpreter keeps at
+//! the start of `_PyRuntime`.
+//!
+//! The struct is a cookie (`xdebugpy`), `version` (`PY_VERSION_HEX`), `free_threaded`, then a
+//! flat run of little-endian `uint64_t` values grouped in sections (`runtime_state`,
+//! `interpreter_state`, `thread_state`, …). Nothing in it says how long a section is, so the
+//! position of every value follows from the ordered field list of that CPython version: that
+//! list is the data [`KNOWN`] holds per minor (and per pre-release where it changed inside one).
+//! Every offset the struct provides is taken from it; what it lacks (frame-owner codes, the
+//! `_PyStackRef` tag bits, the unicode `state` bit positions, `_PyStackChunk`) comes from the
+//! small per-minor [`Facts`] next to the field list.
+
+use profiler_common::{PyOffsets, FRAME_HEADER_BYTES};
+
+use super::layout::{
+    BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
+};
+use super::tables::{code_tag_offset, STACK_CHUNK};
+
+/// The first eight bytes of `_PyRuntime` in CPython ≥ 3.13.
+pub const COOKIE: &[u8; 8] = b"xdebugpy";
+/// Bytes of the start of `_PyRuntime` to read: covers the largest known struct (3.15: 888
+/// bytes) with room for a grown successor.
+pub const READ_SIZE: usize = 1024;
+
+/// cookie, version, free_threaded.
+const HEADER_BYTES: usize = 24;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DebugOffsetsError {
+    #[error("_PyRuntime does not start with the \"xdebugpy\" cookie (found {found:02x?})")]
+    BadCookie { found: Vec<u8> },
+    #[error("_Py_DebugOffsets needs {need} bytes, only {got} were read")]
+    TooShort { need: usize, got: usize },
+    /// `version` is `PY_VERSION_HEX`.
+    #[error(
+        "CPython {} (PY_VERSION_HEX {version:#x}): the layout of its _Py_DebugOffsets is not known \
+         (supported: 3.13, 3.14 and 3.15 from their first beta; 3.11 and 3.12 use built-in tables)",
+        PyVersion::from_hex(*version)
+    )]
+    UnsupportedVersion { version: u64 },
+    #[error(
+        "CPython {} is a free-threaded (Py_GIL_DISABLED) build, which is not supported",
+        PyVersion::from_hex(*version)
+    )]
+    FreeThreaded { version: u64 },
+    #[error("CPython {} (PY_VERSION_HEX {version:#x}): implausible _Py_DebugOffsets: {what}", PyVersion::from_hex(*version))]
+    Implausible { version: u64, what: String },
+}
+
+/// One section of the struct: its name and its fields, in declaration order.
+type Section = (&'static str, &'static [&'static str]);
+
+/// What the struct does not say, per minor.
+#[derive(Clone, Copy, Debug)]
+struct Facts {
+    /// Bits `1 << owner` of `enum _frameowner` values that are not Python code.
+    skip_owner_mask: u32,
+    /// Clears the `_PyStackRef` tag bits (`Py_TAG_BITS`) of `f_executable`.
+    executable_mask: u64,
+    /// `sizeof(PyCompactUnicodeObject)` when the struct has no `compactunicodeobject_size`.
+    compact_unicode_size: u16,
+    /// `PyASCIIObject.state` bit positions (GIL build: interned:2, kind:3, compact:1, ascii:1).
+    kind_shift: u8,
+    compact_bit: u8,
+    ascii_bit: u8,
+    chunk: ChunkLayout,
+}
+
+/// One known `_Py_DebugOffsets` shape.
+struct Known {
+    minor: u8,
+    /// Lowest `PY_VERSION_HEX` (inclusive) it describes; it holds up to the next entry of the
+    /// same minor. Alphas change the struct freely and are refused.
+    from_hex: u64,
+    sections: &'static [Section],
+    facts: Facts,
+}
+
+const RUNTIME_STATE: Section = (
+    "runtime_state",
+    &["size", "finalizing", "interpreters_head"],
+);
+const INTERPRETER_STATE_313: Section = (
+    "interpreter_state",
+    &[
+        "size",
+        "id",
+        "next",
+        "threads_head",
+        "gc",
+        "imports_modules",
+        "sysdict",
+        "builtins",
+        "ceval_gil",
+        "gil_runtime_state",
+        "gil_runtime_state_enabled",
+        "gil_runtime_state_locked",
+        "gil_runtime_state_holder",
+    ],
+);
+/// 3.14 adds `threads_main`, `code_object_generation`, `tlbc_generation`.
+const INTERPRETER_STATE_314: Section = (
+    "interpreter_state",
+    &[
+        "size",
+        "id",
+        "next",
+        "threads_head",
+        "threads_main",
+        "gc",
+        "imports_modules",
+        "sysdict",
+        "builtins",
+        "ceval_gil",
+        "gil_runtime_state",
+        "gil_runtime_state_enabled",
+        "gil_runtime_state_locked",
+        "gil_runtime_state_holder",
+        "code_object_generation",
+        "tlbc_generation",
+    ],
+);
+const THREAD_STATE_313: Section = (
+    "thread_state",
+    &[
+        "size",
+        "prev",
+        "next",
+        "interp",
+        "current_frame",
+        "thread_id",
+        "native_thread_id",
+        "datastack_chunk",
+        "status",
+    ],
+);
+/// 3.15 up to 3.15.0b3.
+const THREAD_STATE_315_PRE_B4: Section = (
+    "thread_state",
+    &[
+        "size",
+        "prev",
+        "next",
+        "interp",
+        "current_frame",
+        "base_frame",
+        "last_profiled_frame",
+        "thread_id",
+        "native_thread_id",
+        "datastack_chunk",
+        "status",
+        "holds_gil",
+        "gil_requested",
+        "current_exception",
+        "exc_state",
+    ],
+);
+/// 3.15.0b4 inserted `last_profiled_frame_seq`.
+const THREAD_STATE_315: Section = (
+    "thread_state",
+    &[
+        "size",
+        "prev",
+        "next",
+        "interp",
+        "current_frame",
+        "base_frame",
+        "last_profiled_frame",
+        "last_profiled_frame_seq",
+        "thread_id",
+        "native_thread_id",
+        "datastack_chunk",
+        "status",
+        "holds_gil",
+        "gil_requested",
+        "current_exception",
+        "exc_state",
+    ],
+);
+const ERR_STACKITEM: Section = ("err_stackitem", &["exc_value"]);
+const INTERPRETER_FRAME_313: Section = (
+    "interpreter_frame",
+    &[
+        "size",
+        "previous",
+        "executable",
+        "instr_ptr",
+        "localsplus",
+        "owner",
+    ],
+);
+const INTERPRETER_FRAME_314: Section = (
+    "interpreter_frame",
+    &[
+        "size",
+        "previous",
+        "executable",
+        "instr_ptr",
+        "localsplus",
+        "owner",
+        "stackpointer",
+        "tlbc_index",
+    ],
+);
+const CODE_OBJECT_313: Section = (
+    "code_object",
+    &[
+        "size",
+        "filename",
+        "name",
+        "qualname",
+        "linetable",
+        "firstlineno",
+        "argcount",
+        "localsplusnames",
+        "localspluskinds",
+        "co_code_adaptive",
+    ],
+);
+const CODE_OBJECT_314: Section = (
+    "code_object",
+    &[
+        "size",
+        "filename",
+        "name",
+        "qualname",
+        "linetable",
+        "firstlineno",
+        "argcount",
+        "localsplusnames",
+        "localspluskinds",
+        "co_code_adaptive",
+        "co_tlbc",
+    ],
+);
+const PYOBJECT: Section = ("pyobject", &["size", "ob_type"]);
+const TYPE_OBJECT_313: Section = ("type_object", &["size", "tp_name", "tp_repr", "tp_flags"]);
+const TYPE_OBJECT_315: Section = (
+    "type_object",
+    &[
+        "size",
+        "tp_name",
+        "tp_repr",
+        "tp_flags",
+        "tp_basicsize",
+        "tp_dictoffset",
+    ],
+);
+const HEAP_TYPE_OBJECT: Section = ("heap_type_object", &["size", "ht_cached_keys"]);
+const TUPLE_OBJECT: Section = ("tuple_object", &["size", "ob_item", "ob_size"]);
+const LIST_OBJECT: Section = ("list_object", &["size", "ob_item", "ob_size"]);
+const SET_OBJECT: Section = ("set_object", &["size", "used", "table", "mask"]);
+const DICT_OBJECT: Section = ("dict_object", &["size", "ma_keys", "ma_values"]);
+const FLOAT_OBJECT: Section = ("float_object", &["size", "ob_fval"]);
+const LONG_OBJECT: Section = ("long_object", &["size", "lv_tag", "ob_digit"]);
+const BYTES_OBJECT: Section = ("bytes_object", &["size", "ob_size", "ob_sval"]);
+const UNICODE_OBJECT_313: Section = (
+    "unicode_object",
+    &["size", "state", "length", "asciiobject_size"],
+);
+const UNICODE_OBJECT_315: Section = (
+    "unicode_object",
+    &[
+        "size",
+        "state",
+        "length",
+        "asciiobject_size",
+        "compactunicodeobject_size",
+    ],
+);
+const GC_313: Section = ("gc", &["size", "collecting"]);
+const GC_315: Section = (
+    "gc",
+    &[
+        "size",
+        "collecting",
+        "frame",
+        "generation_stats_size",
+        "generation_stats",
+    ],
+);
+const GEN_OBJECT: Section = (
+    "gen_object",
+    &["size", "gi_name", "gi_iframe", "gi_frame_state"],
+);
+const LLIST_NODE: Section = ("llist_node", &["next", "prev"]);
+const DEBUGGER_SUPPORT: Section = (
+    "debugger_support",
+    &[
+        "eval_breaker",
+        "remote_debugger_support",
+        "remote_debugging_enabled",
+        "debugger_pending_call",
+        "debugger_script_path",
+        "debugger_script_path_size",
+    ],
+);
+
+const SECTIONS_313: &[Section] = &[
+    RUNTIME_STATE,
+    INTERPRETER_STATE_313,
+    THREAD_STATE_313,
+    INTERPRETER_FRAME_313,
+    CODE_OBJECT_313,
+    PYOBJECT,
+    TYPE_OBJECT_313,
+    TUPLE_OBJECT,
+    LIST_OBJECT,
+    DICT_OBJECT,
+    FLOAT_OBJECT,
+    LONG_OBJECT,
+    BYTES_OBJECT,
+    UNICODE_OBJECT_313,
+    GC_313,
+];
+
+const SECTIONS_314: &[Section] = &[
+    RUNTIME_STATE,
+    INTERPRETER_STATE_314,
+    THREAD_STATE_313,
+    INTERPRETER_FRAME_314,
+    CODE_OBJECT_314,
+    PYOBJECT,
+    TYPE_OBJECT_313,
+    TUPLE_OBJECT,
+    LIST_OBJECT,
+    SET_OBJECT,
+    DICT_OBJECT,
+    FLOAT_OBJECT,
+    LONG_OBJECT,
+    BYTES_OBJECT,
+    UNICODE_OBJECT_313,
+    GC_313,
+    GEN_OBJECT,
+    LLIST_NODE,
+    DEBUGGER_SUPPORT,
+];
+
+macro_rules! sections_315 {
+    ($thread_state:expr) => {
+        &[
+            RUNTIME_STATE,
+            INTERPRETER_STATE_314,
+            $thread_state,
+            ERR_STACKITEM,
+            INTERPRETER_FRAME_314,
+            CODE_OBJECT_314,
+            PYOBJECT,
+            TYPE_OBJECT_315,
+            HEAP_TYPE_OBJECT,
+            TUPLE_OBJECT,
+            LIST_OBJECT,
+            SET_OBJECT,
+            DICT_OBJECT,
+            FLOAT_OBJECT,
+            LONG_OBJECT,
+            BYTES_OBJECT,
+            UNICODE_OBJECT_315,
+            GC_315,
+            GEN_OBJECT,
+            LLIST_NODE,
+            DEBUGGER_SUPPORT,
+        ]
+    };
+}
+const SECTIONS_315_PRE_B4: &[Section] = sections_315!(THREAD_STATE_315_PRE_B4);
+const SECTIONS_315: &[Section] = sections_315!(THREAD_STATE_315);
+
+/// `enum _frameowner` of 3.13: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, CSTACK=3 (the entry frame
+/// of each `_PyEval_EvalFrameDefault`, `f_executable` = `None`).
+const FACTS_313: Facts = Facts {
+    skip_owner_mask: 1 << 3,
+    executable_mask: u64::MAX,
+    compact_unicode_size: 56,
+    kind_shift: 2,
+    compact_bit: 5,
+    ascii_bit: 6,
+    chunk: STACK_CHUNK,
+};
+/// 3.14: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, INTERPRETER=3 (entry frames), CSTACK=4.
+/// `f_executable` is a `_PyStackRef`: `Py_TAG_BITS` = 3 (`Py_TAG_REFCNT` = 1, `Py_INT_TAG` = 3).
+const FACTS_314: Facts = Facts {
+    skip_owner_mask: (1 << 3) | (1 << 4),
+    executable_mask: !0b11,
+    ..FACTS_313
+};
+/// 3.15: FRAME_OWNED_BY_CSTACK is gone; INTERPRETER=3 marks entry frames and the thread's base
+/// frame. `Py_TAG_BITS` is still 3.
+const FACTS_315: Facts = Facts {
+    skip_owner_mask: 1 << 3,
+    executable_mask: !0b11,
+    ..FACTS_313
+};
+
+/// Known shapes; within a minor, ordered by `from_hex`.
+const KNOWN: &[Known] = &[
+    Known {
+        minor: 13,
+        from_hex: 0x030d_00b1,
+        sections: SECTIONS_313,
+        facts: FACTS_313,
+    },
+    Known {
+        minor: 14,
+        from_hex: 0x030e_00b1,
+        sections: SECTIONS_314,
+        facts: FACTS_314,
+    },
+    Known {
+        minor: 15,
+        from_hex: 0x030f_00b1,
+        sections: SECTIONS_315_PRE_B4,
+        facts: FACTS_315,
+    },
+    Known {
+        minor: 15,
+        from_hex: 0x030f_00b4,
+        sections: SECTIONS_315,
+        facts: FACTS_315,
+    },
+];
+
+fn known_for(hex: u64) -> Option<&'static Known> {
+    let version = PyVersion::from_hex(hex);
+    if version.major != 3 {
+        return None;
+    }
+    KNOWN
+        .iter()
+        .filter(|k| k.minor == version.minor && k.from_hex <= hex)
+        .max_by_key(|k| k.from_hex)
+}
+
+/// Bytes of the struct for a known shape.
+fn struct_size(known: &Known) -> usize {
+    HEADER_BYTES + 8 * known.sections.iter().map(|(_, f)| f.len()).sum::<usize>()
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// The decoded struct: (section, field) → value.
+struct Values {
+    version: u64,
+    entries: Vec<(&'static str, &'static str, u64)>,
+}
+
+impl Values {
+    fn get(&self, section: &str, field: &str) -> Result<u64, DebugOffsetsError> {
+        self.entries
+            .iter()
+            .find(|(s, f, _)| *s == section && *f == field)
+            .map(|&(_, _, v)| v)
+            .ok_or_else(|| {
+                self.implausible(format!("no {section}.{field} in this version's struct"))
+            })
+    }
+
+    /// An offset that must fit the 16-bit fields of `PyLayout`.
+    fn offset(&self, section: &str, field: &str) -> Result<u16, DebugOffsetsError> {
+        let value = self.get(section, field)?;
+        u16::try_from(value)
+            .map_err(|_| self.implausible(format!("{section}.{field} = {value:#x}")))
+    }
+
+    fn implausible(&self, what: String) -> DebugOffsetsError {
+        DebugOffsetsError::Implausible {
+            version: self.version,
+            what,
+        }
+    }
+
+    /// `section.field` plus `width` bytes must lie inside `section.size` (and `limit`, if any).
+    fn check_inside(
+        &self,
+        section: &str,
+        fields: &[(&str, u64)],
+        limit: Option<u64>,
+    ) -> Result<(), DebugOffsetsError> {
+        let size = self.get(section, "size")?;
+        let bound = limit.map_or(size, |l| l.min(size));
+        for &(field, width) in fields {
+            let at = self.get(section, field)?;
+            if at.checked_add(width).is_none_or(|end| end > bound) {
+                return Err(self.implausible(format!(
+                    "{section}.{field} = {at} does not fit a {width}-byte field into {bound} bytes"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Decodes `_Py_DebugOffsets` from the first bytes of `_PyRuntime` (at least up to the end of
+/// the struct; [`READ_SIZE`] bytes always suffice) into a layout.
+pub fn parse(bytes: &[u8]) -> Result<PyLayout, DebugOffsetsError> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(DebugOffsetsError::TooShort {
+            need: HEADER_BYTES,
+            got: bytes.len(),
+        });
+    }
+    if &bytes[..8] != COOKIE {
+        return Err(DebugOffsetsError::BadCookie {
+            found: bytes[..8].to_vec(),
+        });
+    }
+    let hex = u64_at(bytes, 8);
+    let free_threaded = u64_at(bytes, 16);
+    let known = known_for(hex).ok_or(DebugOffsetsError::UnsupportedVersion { version: hex })?;
+    match free_threaded {
+        0 => {}
+        1 => return Err(DebugOffsetsError::FreeThreaded { version: hex }),
+        other => {
+            return Err(DebugOffsetsError::Implausible {
+                version: hex,
+                what: format!("free_threaded = {other}"),
+            })
+        }
+    }
+    let need = struct_size(known);
+    if bytes.len() < need {
+        return Err(DebugOffsetsError::TooShort {
+            need,
+            got: bytes.len(),
+        });
+    }
+    let mut entries = Vec::with_capacity((need - HEADER_BYTES) / 8);
+    let mut at = HEADER_BYTES;
+    for &(section, fields) in known.sections {
+        for &field in fields {
+            entries.push((section, field, u64_at(bytes, at)));
+            at += 8;
+        }
+    }
+    let values = Values {
+        version: hex,
+        entries,
+    };
+    validate(&values)?;
+    build(PyVersion::from_hex(hex), &values, &known.facts)
+}
+
+/// Cheap consistency checks: a struct decoded with the wrong field list (or garbage) fails
+/// them instead of yielding offsets that read plausible nonsense.
+fn validate(v: &Values) -> Result<(), DebugOffsetsError> {
+    v.check_inside("runtime_state", &[("interpreters_head", 8)], None)?;
+    v.check_inside(
+        "interpreter_state",
+        &[("next", 8), ("threads_head", 8)],
+        None,
+    )?;
+    v.check_inside(
+        "thread_state",
+        &[
+            ("next", 8),
+            ("interp", 8),
+            ("current_frame", 8),
+            ("thread_id", 8),
+            ("native_thread_id", 8),
+            ("datastack_chunk", 8),
+        ],
+        None,
+    )?;
+    // The kernel takes all of these from one FRAME_HEADER_BYTES read of the frame.
+    v.check_inside(
+        "interpreter_frame",
+        &[
+            ("previous", 8),
+            ("executable", 8),
+            ("instr_ptr", 8),
+            ("owner", 1),
+        ],
+        Some(FRAME_HEADER_BYTES as u64),
+    )?;
+    v.check_inside("interpreter_frame", &[("localsplus", 0)], None)?;
+    let frame: Vec<u64> = ["previous", "executable", "instr_ptr", "owner"]
+        .iter()
+        .map(|f| v.get("interpreter_frame", f))
+        .collect::<Result<_, _>>()?;
+    if (1..frame.len()).any(|i| frame[..i].contains(&frame[i])) {
+        return Err(v.implausible(format!("interpreter_frame fields overlap: {frame:?}")));
+    }
+    v.check_inside(
+        "code_object",
+        &[
+            ("filename", 8),
+            ("name", 8),
+            ("qualname", 8),
+            ("linetable", 8),
+            ("firstlineno", 4),
+            ("co_code_adaptive", 1),
+        ],
+        None,
+    )?;
+    v.check_inside("pyobject", &[("ob_type", 8)], None)?;
+    v.check_inside("type_object", &[("tp_name", 8)], None)?;
+    v.check_inside("bytes_object", &[("ob_size", 8), ("ob_sval", 1)], None)?;
+    v.check_inside(
+        "unicode_object",
+        &[("state", 4), ("length", 8), ("asciiobject_size", 0)],
+        None,
+    )?;
+    Ok(())
+}
+
+fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, DebugOffsetsError> {
+    let code = CodeLayout {
+        filename: v.offset("code_object", "filename")?,
+        name: v.offset("code_object", "name")?,
+        qualname: v.offset("code_object", "qualname")?,
+        linetable: v.offset("code_object", "linetable")?,
+        firstlineno: v.offset("code_object", "firstlineno")?,
+        code_adaptive: v.offset("code_object", "co_code_adaptive")?,
+    };
+    let ascii_data = v.offset("unicode_object", "asciiobject_size")?;
+    let compact_data = match v.get("unicode_object", "compactunicodeobject_size") {
+        Ok(_) => v.offset("unicode_object", "compactunicodeobject_size")?,
+        Err(_) => facts.compact_unicode_size,
+    };
+    let kernel = PyOffsets {
+        executable_mask: facts.executable_mask,
+        runtime_interpreters_head: v.offset("runtime_state", "interpreters_head")?,
+        interp_next: v.offset("interpreter_state", "next")?,
+        interp_threads_head: v.offset("interpreter_state", "threads_head")?,
+        tstate_next: v.offset("thread_state", "next")?,
+        tstate_native_thread_id: v.offset("thread_state", "native_thread_id")?,
+        tstate_current_frame: v.offset("thread_state", "current_frame")?,
+        cframe_current_frame: 0,
+        tstate_datastack_chunk: v.offset("thread_state", "datastack_chunk")?,
+        frame_previous: v.offset("interpreter_frame", "previous")?,
+        frame_executable: v.offset("interpreter_frame", "executable")?,
+        frame_instr_ptr: v.offset("interpreter_frame", "instr_ptr")?,
+        frame_owner: v.offset("interpreter_frame", "owner")?,
+        code_tag_offset: code_tag_offset(&code),
+        _pad0: 0,
+        flags: 0,
+        skip_owner_mask: facts.skip_owner_mask,
+        _pad1: 0,
+    };
+    Ok(PyLayout {
+        version,
+        free_threaded: false,
+        kernel,
+        code,
+        bytes: BytesLayout {
+            size: v.offset("bytes_object", "ob_size")?,
+            data: v.offset("bytes_object", "ob_sval")?,
+        },
+        unicode: UnicodeLayout {
+            length: v.offset("unicode_object", "length")?,
+            state: v.offset("unicode_object", "state")?,
+            ascii_data,
+            compact_data,
+            kind_shift: facts.kind_shift,
+            compact_bit: facts.compact_bit,
+            ascii_bit: facts.ascii_bit,
+        },
+        chunk: facts.chunk,
+        thread: ThreadLayout {
+            thread_id: v.offset("thread_state", "thread_id")?,
+            interp: v.offset("thread_state", "interp")?,
+        },
+        ob_type: v.offset("pyobject", "ob_type")?,
+        tp_name: v.offset("type_object", "tp_name")?,
+        frame_localsplus: v.offset("interpreter_frame", "localsplus")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A struct of the given shape whose every value is its own index (offset-like, small).
+    fn synthetic(hex: u64, sections: &[Section], fill: impl Fn(&str, &str) -> u64) -> Vec<u8> {
+        let mut out = COOKIE.to_vec();
+        out.extend_from_slice(&hex.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        for &(section, fields) in sections {
+            for &field in fields {
+                out.extend_from_slice(&fill(section, field).to_le_bytes());
+            }
+        }
+        out.resize(READ_SIZE, 0);
+        out
+    }
+
+    /// Plausible values: sizes large, fields spread out.
+    fn plausible(section: &str, field: &str) -> u64 {
+        if field == "size" {
+            return if section == "interpreter_frame" {
+                88
+            } else {
+                4096
+            };
+        }
+        match (section, field) {
+            ("interpreter_frame", "previous") => 8,
+            ("interpreter_frame", "executable") => 0,
+            ("interpreter_frame", "instr_ptr") => 56,
+            ("interpreter_frame", "owner") => 74,
+            ("interpreter_frame", _) => 80,
+            (_, f) => 8 * (f.len() as u64),
+        }
+    }
+
+    #[test]
+    fn every_known_shape_fits_read_size() {
+        for k in KNOWN {
+            assert!(
+                struct_size(k) <= READ_SIZE,
+                "3.{} {:#x}",
+                k.minor,
+                k.from_hex
+            );
+        }
+    }
+
+    #[test]
+    fn version_selects_shape() {
+        assert!(known_for(0x030d_00a6).is_none());
+        assert_eq!(known_for(0x030d_12f0).unwrap().minor, 13);
+        assert_eq!(known_for(0x030e_0af0).unwrap().minor, 14);
+        assert_eq!(known_for(0x030f_00b3).unwrap().from_hex, 0x030f_00b1);
+        assert_eq!(known_for(0x030f_00b4).unwrap().from_hex, 0x030f_00b4);
+        assert_eq!(known_for(0x030f_02f0).unwrap().from_hex, 0x030f_00b4);
+        assert!(known_for(0x0310_00f0).is_none());
+        assert!(known_for(0x030c_01f0).is_none());
+    }
+
+    #[test]
+    fn errors() {
+        assert!(matches!(
+            parse(b"short"),
+            Err(DebugOffsetsError::TooShort { .. })
+        ));
+        let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, plausible);
+        assert!(parse(&bytes[..100]).is_err());
+        bytes[0] = b'X';
+        assert!(matches!(
+            parse(&bytes),
+            Err(DebugOffsetsError::BadCookie { .. })
+        ));
+        let bytes = synthetic(0x0310_00f0, SECTIONS_315, plausible);
+        let err = parse(&bytes).unwrap_err();
+        assert!(err.to_string().contains("3.16.0"), "{err}");
+        let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, plausible);
+        bytes[16] = 1;
+        assert!(matches!(
+            parse(&bytes),
+            Err(DebugOffsetsError::FreeThreaded { .. })
+        ));
+    }
+
+    #[test]
+    fn picks_fields_by_name() {
+        for (hex, sections) in [
+            (0x030d_12f0u64, SECTIONS_313),
+            (0x030e_0af0, SECTIONS_314),
+            (0x030f_00b2, SECTIONS_315_PRE_B4),
+            (0x030f_02f0, SECTIONS_315),
+        ] {
+            let bytes = synthetic(hex, sections, |s, f| match (s, f) {
+                ("thread_state", "native_thread_id") => 184,
+                ("runtime_state", "interpreters_head") => 936,
+                _ => plausible(s, f),
+            });
+            let layout = parse(&bytes).unwrap();
+            assert_eq!(layout.kernel.tstate_native_thread_id, 184);
+            assert_eq!(layout.kernel.runtime_interpreters_head, 936);
+            assert_eq!(layout.kernel.frame_owner, 74);
+        }
+    }
+
+    #[test]
+    fn wrong_shape_is_implausible() {
+        // A 3.15.0b4+ struct announced as 3.15.0b3: every later field is read 8 bytes early.
+        let bytes = synthetic(0x030f_00b3, SECTIONS_315, |s, f| match (s, f) {
+            ("interpreter_frame", "size") => 88,
+            (_, "size") => 900,
+            ("interpreter_frame", "previous") => 8,
+            ("interpreter_frame", "executable") => 0,
+            ("interpreter_frame", "instr_ptr") => 56,
+            ("interpreter_frame", "owner") => 74,
+            ("interpreter_frame", _) => 80,
+            _ => 200,
+        });
+        assert!(matches!(
+            parse(&bytes),
+            Err(DebugOffsetsError::Implausible { .. })
+        ));
+    }
+}

@@ -1,0 +1,238 @@
+//! Built-in layouts for CPython 3.11 and 3.12, which carry no `_Py_DebugOffsets`.
+//!
+//! Every number below was derived from the headers of that minor (`pycore_frame.h`,
+//! `cpython/code.h`, `cpython/pystate.h`, `pycore_interp.h`, `pycore_runtime.h`,
+//! `cpython/unicodeobject.h`, `cpython/bytesobject.h`) for x86-64 / aarch64 LP64 builds with the
+//! GIL, and is checked against live interpreters by `tests/tests/layouts.rs`.
+//! Internal structs of a released minor do not change between micro versions.
+
+use profiler_common::{PyOffsets, LAYOUT_CFRAME};
+
+use super::layout::{
+    BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
+};
+
+/// `_PyInterpreterFrame.owner` values (`enum _frameowner`) for 3.11: THREAD=0, GENERATOR=1,
+/// FRAME_OBJECT=2. 3.11 has no shim frames (entry frames are marked by a flag, `is_entry`), so
+/// no owner is skipped.
+const SKIP_OWNERS_311: u32 = 0;
+/// 3.12 adds FRAME_OWNED_BY_CSTACK=3: the entry frame `_PyEval_EvalFrameDefault` keeps on the
+/// C stack, whose `f_code` is the interpreter's trampoline code object, not Python code.
+const SKIP_OWNERS_312: u32 = 1 << 3;
+
+/// `_PyStackChunk` { previous; size (bytes); top (in `PyObject *` slots); data[] } — the same
+/// in 3.11 through 3.15.
+pub(crate) const STACK_CHUNK: ChunkLayout = ChunkLayout {
+    previous: 0,
+    size: 8,
+    top: 16,
+    data: 24,
+};
+
+/// Start of the 32-byte window of a code object folded into a frame's tag: it should cover the
+/// `co_filename`, `co_name`, `co_qualname` and `co_linetable` pointers. When those four fit in
+/// the window it starts at the lowest of them, else at `co_filename`.
+pub(crate) fn code_tag_offset(code: &CodeLayout) -> u16 {
+    let fields = [code.filename, code.name, code.qualname, code.linetable];
+    let lo = fields.iter().copied().min().unwrap_or(code.filename);
+    let hi = fields.iter().copied().max().unwrap_or(code.filename);
+    if usize::from(hi) + 8 - usize::from(lo) <= profiler_common::CODE_TAG_BYTES {
+        lo
+    } else {
+        code.filename
+    }
+}
+
+/// The layout of a CPython 3.11 or 3.12 build, or `None` for any other minor.
+pub fn builtin(version: PyVersion) -> Option<PyLayout> {
+    match (version.major, version.minor) {
+        (3, 11) => Some(layout_311(version)),
+        (3, 12) => Some(layout_312(version)),
+        _ => None,
+    }
+}
+
+fn layout_311(version: PyVersion) -> PyLayout {
+    // PyCodeObject: PyObject_VAR_HEAD (24), co_consts, co_names, co_exceptiontable (48),
+    // co_flags, co_warmup, co_linearray_entry_size, co_argcount, co_posonlyargcount,
+    // co_kwonlyargcount, co_stacksize, co_firstlineno (72), ...,
+    // co_localsplusnames (96), co_localspluskinds, co_filename (112), co_name, co_qualname,
+    // co_linetable (136), co_weakreflist, _co_code, _co_linearray, _co_firsttraceable,
+    // co_extra, co_code_adaptive (184).
+    let code = CodeLayout {
+        filename: 112,
+        name: 120,
+        qualname: 128,
+        linetable: 136,
+        firstlineno: 72,
+        code_adaptive: 184,
+    };
+    PyLayout {
+        version,
+        free_threaded: false,
+        kernel: PyOffsets {
+            executable_mask: u64::MAX,
+            // _PyRuntimeState: _initialized .. initialized (5 ints), _finalizing (24),
+            // interpreters { mutex (32), head (40), main, next_id }
+            runtime_interpreters_head: 40,
+            // PyInterpreterState (struct _is): next (0), threads { next_unique_id (8), head (16) }
+            interp_next: 0,
+            interp_threads_head: 16,
+            // PyThreadState: prev (0), next (8), interp (16), _initialized, _static,
+            // recursion_remaining, recursion_limit, recursion_headroom, tracing, tracing_what
+            // (7 ints), cframe (56), ..., thread_id (152), native_thread_id (160), ...,
+            // trace_info, datastack_chunk (296)
+            tstate_next: 8,
+            tstate_native_thread_id: 160,
+            tstate_current_frame: 56,
+            // _PyCFrame: use_tracing (uint8_t, 0), current_frame (8), previous (16)
+            cframe_current_frame: 8,
+            tstate_datastack_chunk: 296,
+            // _PyInterpreterFrame: f_func (0), f_globals, f_builtins, f_locals, f_code (32),
+            // frame_obj (40), previous (48), prev_instr (56), stacktop (int, 64),
+            // is_entry (bool, 68), owner (char, 69), localsplus (72)
+            frame_previous: 48,
+            frame_executable: 32,
+            frame_instr_ptr: 56,
+            frame_owner: 69,
+            code_tag_offset: code_tag_offset(&code),
+            _pad0: 0,
+            flags: LAYOUT_CFRAME,
+            skip_owner_mask: SKIP_OWNERS_311,
+            _pad1: 0,
+        },
+        code,
+        // PyBytesObject: PyObject_VAR_HEAD (ob_size at 16), ob_shash (24), ob_sval (32)
+        bytes: BytesLayout { size: 16, data: 32 },
+        // PyASCIIObject: PyObject_HEAD, length (16), hash (24), state (32), wstr (40): 48 bytes;
+        // PyCompactUnicodeObject adds utf8_length, utf8, wstr_length: 72 bytes.
+        // state: interned:2, kind:3, compact:1, ascii:1, ready:1.
+        unicode: UnicodeLayout {
+            length: 16,
+            state: 32,
+            ascii_data: 48,
+            compact_data: 72,
+            kind_shift: 2,
+            compact_bit: 5,
+            ascii_bit: 6,
+        },
+        chunk: STACK_CHUNK,
+        thread: ThreadLayout {
+            thread_id: 152,
+            interp: 16,
+        },
+        ob_type: 8,
+        tp_name: 24,
+        frame_localsplus: 72,
+    }
+}
+
+fn layout_312(version: PyVersion) -> PyLayout {
+    // PyCodeObject: PyObject_VAR_HEAD, co_consts, co_names, co_exceptiontable, co_flags,
+    // co_argcount, co_posonlyargcount, co_kwonlyargcount, co_stacksize, co_firstlineno (68),
+    // co_localsplusnames (96), co_localspluskinds (104), co_filename (112), co_name,
+    // co_qualname, co_linetable (136), co_weakreflist, _co_cached,
+    // _co_instrumentation_version, _co_monitoring, _co_firsttraceable, co_extra,
+    // co_code_adaptive (192).
+    let code = CodeLayout {
+        filename: 112,
+        name: 120,
+        qualname: 128,
+        linetable: 136,
+        firstlineno: 68,
+        code_adaptive: 192,
+    };
+    PyLayout {
+        version,
+        free_threaded: false,
+        kernel: PyOffsets {
+            executable_mask: u64::MAX,
+            // _PyRuntimeState: as in 3.11, interpreters.head at 40
+            runtime_interpreters_head: 40,
+            // PyInterpreterState: next (0), id, id_refcount, requires_idref, id_mutex,
+            // _initialized, finalizing, monitoring_version, last_restart_version,
+            // threads { next_unique_id (64), head (72), count, stacksize }
+            interp_next: 0,
+            interp_threads_head: 72,
+            // PyThreadState: prev, next (8), interp (16), _status (bit-field word),
+            // py_recursion_remaining, py_recursion_limit, c_recursion_remaining,
+            // recursion_headroom, tracing, what_event, cframe (56), ..., thread_id (136),
+            // native_thread_id (144), ..., datastack_chunk (232)
+            tstate_next: 8,
+            tstate_native_thread_id: 144,
+            tstate_current_frame: 56,
+            // _PyCFrame: current_frame (0), previous (8)
+            cframe_current_frame: 0,
+            tstate_datastack_chunk: 232,
+            // _PyInterpreterFrame: f_code (0), previous (8), f_funcobj, f_globals, f_builtins,
+            // f_locals, frame_obj (48), prev_instr (56), stacktop (int, 64),
+            // return_offset (uint16_t, 68), owner (char, 70), localsplus (72)
+            frame_previous: 8,
+            frame_executable: 0,
+            frame_instr_ptr: 56,
+            frame_owner: 70,
+            code_tag_offset: code_tag_offset(&code),
+            _pad0: 0,
+            flags: LAYOUT_CFRAME,
+            skip_owner_mask: SKIP_OWNERS_312,
+            _pad1: 0,
+        },
+        code,
+        bytes: BytesLayout { size: 16, data: 32 },
+        // PyASCIIObject lost `wstr` in 3.12: length (16), hash (24), state (32): 40 bytes;
+        // PyCompactUnicodeObject adds utf8_length, utf8: 56 bytes.
+        // state: interned:2, kind:3, compact:1, ascii:1, statically_allocated:1.
+        unicode: UnicodeLayout {
+            length: 16,
+            state: 32,
+            ascii_data: 40,
+            compact_data: 56,
+            kind_shift: 2,
+            compact_bit: 5,
+            ascii_bit: 6,
+        },
+        chunk: STACK_CHUNK,
+        thread: ThreadLayout {
+            thread_id: 136,
+            interp: 16,
+        },
+        ob_type: 8,
+        tp_name: 24,
+        frame_localsplus: 72,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_common::FRAME_HEADER_BYTES;
+
+    #[test]
+    fn only_311_and_312() {
+        for (hex, some) in [
+            (0x030b02f0, true),
+            (0x030b07f0, true),
+            (0x030c01f0, true),
+            (0x030a0df0, false),
+            (0x030d00f0, false),
+        ] {
+            assert_eq!(
+                builtin(PyVersion::from_hex(hex)).is_some(),
+                some,
+                "{hex:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn frame_fields_fit_one_header_read() {
+        for hex in [0x030b07f0, 0x030c01f0] {
+            let k = builtin(PyVersion::from_hex(hex)).unwrap().kernel;
+            for off in [k.frame_previous, k.frame_executable, k.frame_instr_ptr] {
+                assert!(usize::from(off) + 8 <= FRAME_HEADER_BYTES);
+            }
+            assert!(usize::from(k.frame_owner) < FRAME_HEADER_BYTES);
+            assert_eq!(k.code_tag_offset, 112);
+        }
+    }
+}
