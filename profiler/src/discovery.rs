@@ -42,12 +42,16 @@ pub enum DiscoveryError {
     #[error("process {pid} ({command}) is not a CPython process: neither its executable nor a mapped libpython holds a Python runtime")]
     NotPython { pid: u32, command: String },
     #[error("process {pid} runs CPython {version} ({binary}), which pyebpf does not support: supported versions are 3.11 to 3.15")]
-    Unsupported { pid: u32, binary: String, version: String },
-    #[error("process {pid} ({binary}): {source:#}")]
+    Unsupported {
+        pid: u32,
+        binary: String,
+        version: String,
+    },
+    #[error("process {pid} ({binary}): {cause:#}")]
     Other {
         pid: u32,
         binary: String,
-        source: anyhow::Error,
+        cause: anyhow::Error,
     },
 }
 
@@ -55,7 +59,10 @@ impl DiscoveryError {
     /// True when the process simply isn't (or is no longer) an interpreter: not worth a warning
     /// in a system-wide scan.
     pub fn is_benign(&self) -> bool {
-        matches!(self, DiscoveryError::NoSuchProcess { .. } | DiscoveryError::NotPython { .. })
+        matches!(
+            self,
+            DiscoveryError::NoSuchProcess { .. } | DiscoveryError::NotPython { .. }
+        )
     }
 }
 
@@ -87,7 +94,10 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 /// `python3.12 app.py`-style short command line (basename of argv[0] plus the first argument).
 pub fn short_command(pid: u32) -> String {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let mut args = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned());
+    let mut args = cmdline
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned());
     let Some(argv0) = args.next() else {
         return std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|c| c.trim().to_string())
@@ -127,21 +137,28 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
         .unwrap_or_default();
     let exe = exe.strip_suffix(" (deleted)").unwrap_or(&exe).to_string();
     // libpython first: a shared build's executable has no runtime of its own.
-    let mut candidates: Vec<&str> = maps.iter().map(|m| m.path.as_str()).filter(|p| is_candidate(p, &exe)).collect();
+    let mut candidates: Vec<&str> = maps
+        .iter()
+        .map(|m| m.path.as_str())
+        .filter(|p| is_candidate(p, &exe))
+        .collect();
     candidates.sort_by_key(|p| (!basename(p).starts_with("libpython"), *p));
     candidates.dedup();
     for binary in candidates {
-        let on_disk = host_path(pid, binary);
-        let other = |source: anyhow::Error| DiscoveryError::Other {
+        let on_disk = openable_path(pid, &maps, binary);
+        let other = |cause: anyhow::Error| DiscoveryError::Other {
             pid,
             binary: binary.to_string(),
-            source,
+            cause,
         };
         let Some(elf) = elves.get(&on_disk).map_err(other)? else {
             continue;
         };
         let runtime = runtime_address(&maps, binary, &elf).ok_or_else(|| {
-            other(anyhow::anyhow!("_PyRuntime (file offset {:#x}) is not mapped", elf.runtime_file_offset))
+            other(anyhow::anyhow!(
+                "_PyRuntime (file offset {:#x}) is not mapped",
+                elf.runtime_file_offset
+            ))
         })?;
         let layout = layout_of(pid, binary, runtime, &elf)?;
         return Ok(PythonProcess {
@@ -155,7 +172,24 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
     Err(DiscoveryError::NotPython { pid, command })
 }
 
-/// The path of a file a process maps, reachable from here (through its root, for containers).
+/// A path through which this process can open a file `pid` maps. `/proc/PID/map_files`
+/// names the mapped file itself, whatever namespace or chroot the path in `maps` is relative
+/// to; the process's root directory is the fallback.
+pub fn openable_path(pid: u32, maps: &[Mapping], path: &str) -> PathBuf {
+    if let Some(m) = maps.iter().find(|m| m.path == path) {
+        let direct = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+        if direct.exists() {
+            return direct;
+        }
+    }
+    let in_root = host_path(pid, path);
+    if in_root.exists() {
+        return in_root;
+    }
+    PathBuf::from(path)
+}
+
+/// The path of a file as `pid` sees it, reachable from here (through its root, for containers).
 pub fn host_path(pid: u32, path: &str) -> PathBuf {
     Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'))
 }
@@ -163,38 +197,50 @@ pub fn host_path(pid: u32, path: &str) -> PathBuf {
 fn runtime_address(maps: &[Mapping], binary: &str, elf: &PythonElf) -> Option<u64> {
     maps.iter()
         .filter(|m| m.path == binary)
-        .find(|m| elf.runtime_file_offset >= m.offset && elf.runtime_file_offset < m.offset + (m.end - m.start))
+        .find(|m| {
+            elf.runtime_file_offset >= m.offset
+                && elf.runtime_file_offset < m.offset + (m.end - m.start)
+        })
         .map(|m| m.start + (elf.runtime_file_offset - m.offset))
 }
 
-fn layout_of(pid: u32, binary: &str, runtime: u64, elf: &PythonElf) -> Result<PyLayout, DiscoveryError> {
+fn layout_of(
+    pid: u32,
+    binary: &str,
+    runtime: u64,
+    elf: &PythonElf,
+) -> Result<PyLayout, DiscoveryError> {
     let memory = ProcessMemory::new(pid);
     let head = memory
         .read_vec(runtime, debug_offsets::READ_SIZE)
         .with_context(|| format!("reading _PyRuntime at {runtime:#x}"))
-        .map_err(|source| DiscoveryError::Other {
+        .map_err(|cause| DiscoveryError::Other {
             pid,
             binary: binary.to_string(),
-            source,
+            cause,
         })?;
     if head.starts_with(debug_offsets::COOKIE) {
         #[allow(unreachable_patterns)]
         return debug_offsets::parse(&head).map_err(|e| match e {
-            debug_offsets::DebugOffsetsError::UnsupportedVersion { version } => DiscoveryError::Unsupported {
-                pid,
-                binary: binary.to_string(),
-                version: PyVersion::from_hex(version).to_string(),
-            },
+            debug_offsets::DebugOffsetsError::UnsupportedVersion { version } => {
+                DiscoveryError::Unsupported {
+                    pid,
+                    binary: binary.to_string(),
+                    version: PyVersion::from_hex(version).to_string(),
+                }
+            }
             e => DiscoveryError::Other {
                 pid,
                 binary: binary.to_string(),
-                source: e.into(),
+                cause: e.into(),
             },
         });
     }
     let version = match (elf.version_hex, version_from_name(binary)) {
         (Some(hex), _) => PyVersion::from_hex(hex),
-        (None, Some((major, minor))) => PyVersion::from_hex(((major as u64) << 24) | ((minor as u64) << 16)),
+        (None, Some((major, minor))) => {
+            PyVersion::from_hex(((major as u64) << 24) | ((minor as u64) << 16))
+        }
         (None, None) => {
             return Err(DiscoveryError::Unsupported {
                 pid,
@@ -237,14 +283,19 @@ mod tests {
     #[test]
     fn versions_from_names() {
         assert_eq!(version_from_name("/usr/bin/python3.11"), Some((3, 11)));
-        assert_eq!(version_from_name("/x/lib/libpython3.12.so.1.0"), Some((3, 12)));
+        assert_eq!(
+            version_from_name("/x/lib/libpython3.12.so.1.0"),
+            Some((3, 12))
+        );
         assert_eq!(version_from_name("/x/lib/libpython3.13d.so"), Some((3, 13)));
         assert_eq!(version_from_name("/usr/bin/python"), None);
     }
 
     #[test]
     fn maps_lines() {
-        let m = parse_maps_line("7f00-7f10 r-xp 00001000 08:01 1234    /usr/lib/libpython3.12.so.1.0").unwrap();
+        let m =
+            parse_maps_line("7f00-7f10 r-xp 00001000 08:01 1234    /usr/lib/libpython3.12.so.1.0")
+                .unwrap();
         assert_eq!((m.start, m.end, m.offset), (0x7f00, 0x7f10, 0x1000));
         assert_eq!(m.path, "/usr/lib/libpython3.12.so.1.0");
         assert!(parse_maps_line("7f00-7f10 rw-p 00000000 00:00 0 ").is_none());

@@ -24,7 +24,8 @@ pub struct PythonElf {
 /// `Ok(None)`: a valid ELF file without a CPython runtime.
 pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let file = object::File::parse(&*data).with_context(|| format!("parsing ELF {}", path.display()))?;
+    let file =
+        object::File::parse(&*data).with_context(|| format!("parsing ELF {}", path.display()))?;
     let runtime_vaddr = match file.section_by_name(".PyRuntime") {
         Some(section) => Some(section.address()),
         None => find_symbol(&file, "_PyRuntime").map(|(addr, _)| addr),
@@ -37,11 +38,19 @@ pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
         .find_map(|seg| {
             let (offset, size) = seg.file_range();
             let start = seg.address();
-            (runtime_vaddr >= start && runtime_vaddr < start + size).then(|| offset + (runtime_vaddr - start))
+            (runtime_vaddr >= start && runtime_vaddr < start + size)
+                .then(|| offset + (runtime_vaddr - start))
         })
-        .ok_or_else(|| anyhow!("{}: _PyRuntime at {runtime_vaddr:#x} is in no loadable segment", path.display()))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "{}: _PyRuntime at {runtime_vaddr:#x} is in no loadable segment",
+                path.display()
+            )
+        })?;
     let version_hex = find_symbol(&file, "Py_Version").and_then(|(addr, _)| {
-        let bytes = file.sections().find_map(|s| s.data_range(addr, 4).ok().flatten())?;
+        let bytes = file
+            .sections()
+            .find_map(|s| s.data_range(addr, 4).ok().flatten())?;
         Some(u32::from_le_bytes(bytes.try_into().ok()?) as u64)
     });
     Ok(Some(PythonElf {
@@ -58,10 +67,13 @@ fn find_symbol(file: &object::File, name: &str) -> Option<(u64, u64)> {
         .map(|s| (s.address(), s.size()))
 }
 
-/// Parse results keyed by (device, inode, size, mtime): one parse per distinct binary.
+/// (device, inode, size, mtime) of a file: a parse stays valid while these do.
+type FileKey = (u64, u64, u64, i64);
+
+/// Parse results by file: one parse per distinct binary.
 #[derive(Default)]
 pub struct ElfCache {
-    entries: Mutex<HashMap<(u64, u64, u64, i64), Option<PythonElf>>>,
+    entries: Mutex<HashMap<FileKey, Option<PythonElf>>>,
 }
 
 /// Distinct binaries kept; a host rarely has more than a few dozen Python builds.

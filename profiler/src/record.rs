@@ -27,14 +27,26 @@ enum Scope {
 }
 
 pub fn run(args: RecordArgs) -> Result<i32> {
+    preflight(&args.pids)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(record(args))
+}
+
+/// Checks shared by `record` and `top` before anything is loaded: privileges, then that every
+/// requested pid exists. Both are usage errors (exit code 2).
+pub fn preflight(pids: &[u32]) -> Result<()> {
     crate::privileges::check()?;
-    for &pid in &args.pids {
+    for &pid in pids {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(UsageError(format!("no process with pid {pid}: check the pid with `ps -p {pid}`")).into());
+            return Err(UsageError(format!(
+                "no process with pid {pid}: check the pid with `ps -p {pid}`"
+            ))
+            .into());
         }
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(record(args))
+    Ok(())
 }
 
 async fn record(args: RecordArgs) -> Result<i32> {
@@ -149,13 +161,14 @@ async fn record(args: RecordArgs) -> Result<i32> {
     while let Some(item) = ring.next() {
         session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
     }
+    let elapsed = started.elapsed();
+    finish(&args, &session, aggregator, elapsed)?;
     if let Some(c) = child.as_mut() {
         if child_status.is_none() {
+            eprintln!("pyebpf: recording stopped; waiting for `{}` to exit", args.command.join(" "));
             child_status = child_wait(c).await;
         }
     }
-    let elapsed = started.elapsed();
-    finish(&args, &session, aggregator, elapsed)?;
     Ok(child_status.unwrap_or(0))
 }
 
@@ -175,7 +188,8 @@ async fn await_interpreter(session: &mut Session, pid: u32) -> Result<()> {
             Ok(_) => return Ok(()),
             Err(e) => {
                 // Before exec the child is still a copy of pyebpf: not Python yet.
-                let still_us = std::fs::read_link(format!("/proc/{pid}/exe")).ok() == std::env::current_exe().ok();
+                let still_us = std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+                    == std::env::current_exe().ok();
                 if !alive(pid) || (!still_us && started.elapsed() > CHILD_DISCOVERY_TIMEOUT) {
                     return Err(e.into());
                 }
@@ -194,7 +208,9 @@ async fn child_wait(child: &mut tokio::process::Child) -> Option<i32> {
 
 fn exit_code_of(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 /// Turns resolved samples into interned, root-first stacks.
@@ -227,23 +243,42 @@ impl Aggregator {
         if self.by_process {
             let profile = &mut self.profile;
             let id = *self.labels.entry(sample.pid).or_insert_with(|| {
-                profile.intern(label(FrameKind::Process, format!("{command} ({})", sample.pid)))
+                profile.intern(label(
+                    FrameKind::Process,
+                    format!("{command} ({})", sample.pid),
+                ))
             });
             stack.push(id);
         }
         if self.by_thread {
             let profile = &mut self.profile;
-            let id = *self.threads.entry((sample.pid, sample.tid)).or_insert_with(|| {
-                let name = std::fs::read_to_string(format!("/proc/{}/task/{}/comm", sample.pid, sample.tid))
+            let id = *self
+                .threads
+                .entry((sample.pid, sample.tid))
+                .or_insert_with(|| {
+                    let name = std::fs::read_to_string(format!(
+                        "/proc/{}/task/{}/comm",
+                        sample.pid, sample.tid
+                    ))
                     .map(|n| n.trim().to_string())
                     .unwrap_or_default();
-                profile.intern(label(FrameKind::Thread, format!("thread {} ({name})", sample.tid)))
-            });
+                    profile.intern(label(
+                        FrameKind::Thread,
+                        format!("thread {} ({name})", sample.tid),
+                    ))
+                });
             stack.push(id);
         }
         if sample.truncated || sample.partial {
-            let text = if sample.truncated { "<truncated>" } else { "<partial stack>" };
-            stack.push(self.profile.intern(label(FrameKind::Truncated, text.to_string())));
+            let text = if sample.truncated {
+                "<truncated>"
+            } else {
+                "<partial stack>"
+            };
+            stack.push(
+                self.profile
+                    .intern(label(FrameKind::Truncated, text.to_string())),
+            );
         }
         for frame in sample.frames.iter().rev() {
             stack.push(self.python_frame(sample.pid, frame));
@@ -264,7 +299,9 @@ impl Aggregator {
                 file: Some(code.filename.as_str().into()),
                 line: frame.line,
             }),
-            None => self.profile.intern(label(FrameKind::Python, "<unknown code object>".into())),
+            None => self
+                .profile
+                .intern(label(FrameKind::Python, "<unknown code object>".into())),
         };
         self.python.insert(key, id);
         id
@@ -296,7 +333,12 @@ fn default_output(format: output::Format) -> PathBuf {
     ))
 }
 
-fn finish(args: &RecordArgs, session: &Session, aggregator: Aggregator, elapsed: Duration) -> Result<()> {
+fn finish(
+    args: &RecordArgs,
+    session: &Session,
+    aggregator: Aggregator,
+    elapsed: Duration,
+) -> Result<()> {
     let profile = aggregator.profile;
     let st = session.stats;
     let kernel = session.kernel_stats();
@@ -321,11 +363,16 @@ fn finish(args: &RecordArgs, session: &Session, aggregator: Aggregator, elapsed:
         eprintln!("pyebpf: {summary}; no Python samples collected, so no profile was written (was the target busy in Python?)");
         return Ok(());
     }
-    let path = args.output.clone().unwrap_or_else(|| default_output(args.format));
+    let path = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(args.format));
     let title = format!("pyebpf record: {summary}");
-    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
-    output::write(&profile, args.format, &title, &mut out).with_context(|| format!("writing {}", path.display()))?;
+    output::write(&profile, args.format, &title, &mut out)
+        .with_context(|| format!("writing {}", path.display()))?;
     std::io::Write::flush(&mut out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("pyebpf: {summary}; wrote {}", path.display());
     Ok(())

@@ -85,10 +85,10 @@ impl Session {
         let proc = discovery::inspect(pid, &self.elves)?;
         self.sampler
             .register(pid, proc.runtime, &proc.layout.kernel)
-            .map_err(|source| DiscoveryError::Other {
+            .map_err(|cause| DiscoveryError::Other {
                 pid,
                 binary: proc.binary.clone(),
-                source,
+                cause,
             })?;
         log::info!(
             "profiling pid {pid} ({}): CPython {} from {}",
@@ -129,7 +129,12 @@ impl Session {
         for pid in self.exited.drain(..) {
             self.symbols.forget_process(pid);
         }
-        let gone: Vec<u32> = self.procs.keys().copied().filter(|&pid| !alive(pid)).collect();
+        let gone: Vec<u32> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|&pid| !alive(pid))
+            .collect();
         for &pid in &gone {
             self.procs.remove(&pid);
             self.sampler.unregister(pid);
@@ -184,7 +189,9 @@ impl Session {
                 // A shim frame (C-stack entry, interpreter-owned): not Python code.
                 continue;
             }
-            let code = self.symbols.code(header.pid, &proc.layout, rec.code, rec.tag);
+            let code = self
+                .symbols
+                .code(header.pid, &proc.layout, rec.code, rec.tag);
             let line = code
                 .as_ref()
                 .map(|c| c.line_at_instr(&proc.layout, rec.code, rec.instr))
