@@ -794,4 +794,120 @@ mod tests {
             Err(DebugOffsetsError::Implausible { .. })
         ));
     }
+
+    /// `_Py_DebugOffsets` words (version, free_threaded, sections…) as found in the Debian sid
+    /// builds of CPython 3.14.10 and 3.15.2 (x86-64).
+    const SID_3_14_10: &[u64] = &[
+        0x30e0af0, 0, 316616, 784, 808, 225864, 7280, 7272, 7344, 7360, 7408, 7688, 7672, 7680, 16,
+        7784, 0, 7800, 7792, 7992, 0, 832, 0, 8, 16, 72, 152, 160, 232, 32, 88, 8, 0, 56, 80, 74,
+        64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0, 16, 8, 416, 24, 88, 168, 40, 32,
+        16, 40, 24, 16, 200, 24, 40, 32, 48, 32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16,
+        40, 264, 192, 160, 24, 72, 67, 0, 8, 24, 304, 8076, 0, 4, 512,
+    ];
+    const SID_3_15_2: &[u64] = &[
+        0x30f02f0, 0, 346568, 912, 936, 226240, 7272, 7264, 7336, 7352, 7400, 7592, 7576, 7584, 16,
+        7736, 0, 7752, 7744, 7944, 0, 888, 0, 8, 16, 72, 80, 88, 96, 176, 184, 256, 32, 36, 40,
+        136, 288, 0, 88, 8, 0, 56, 80, 74, 64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0,
+        16, 8, 424, 24, 88, 168, 32, 288, 944, 888, 40, 32, 16, 40, 24, 16, 200, 24, 40, 32, 48,
+        32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16, 40, 56, 176, 112, 120, 1120, 104, 160,
+        24, 72, 67, 0, 8, 24, 344, 8028, 0, 4, 512,
+    ];
+
+    fn real(words: &[u64]) -> Vec<u8> {
+        let mut out = COOKIE.to_vec();
+        for w in words {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.resize(READ_SIZE, 0);
+        out
+    }
+
+    #[test]
+    fn real_structs() {
+        for (words, shape) in [(SID_3_14_10, SECTIONS_314), (SID_3_15_2, SECTIONS_315)] {
+            let known = known_for(words[0]).unwrap();
+            assert_eq!(known.sections, shape);
+            // The field list accounts for every word of the struct, no more, no less.
+            assert_eq!(struct_size(known), COOKIE.len() + 8 * words.len());
+        }
+        let l = parse(&real(SID_3_14_10)).unwrap();
+        assert_eq!(l.version.to_string(), "3.14.10");
+        let k = l.kernel;
+        assert_eq!(
+            (
+                k.runtime_interpreters_head,
+                k.interp_next,
+                k.interp_threads_head
+            ),
+            (808, 7272, 7344)
+        );
+        assert_eq!(
+            (
+                k.tstate_next,
+                k.tstate_native_thread_id,
+                k.tstate_current_frame,
+                k.tstate_datastack_chunk
+            ),
+            (8, 160, 72, 232)
+        );
+        assert_eq!(
+            (
+                k.frame_previous,
+                k.frame_executable,
+                k.frame_instr_ptr,
+                k.frame_owner
+            ),
+            (8, 0, 56, 74)
+        );
+        assert_eq!(
+            (k.skip_owner_mask, k.executable_mask, k.flags),
+            (0b11000, !3, 0)
+        );
+        assert_eq!(
+            (
+                l.code.code_adaptive,
+                l.frame_localsplus,
+                l.unicode.compact_data
+            ),
+            (208, 80, 56)
+        );
+
+        let l = parse(&real(SID_3_15_2)).unwrap();
+        assert_eq!(l.version.to_string(), "3.15.2");
+        let k = l.kernel;
+        assert_eq!(
+            (
+                k.runtime_interpreters_head,
+                k.interp_next,
+                k.interp_threads_head
+            ),
+            (936, 7264, 7336)
+        );
+        assert_eq!(
+            (
+                k.tstate_next,
+                k.tstate_native_thread_id,
+                k.tstate_current_frame,
+                k.tstate_datastack_chunk
+            ),
+            (8, 184, 72, 256)
+        );
+        assert_eq!((l.thread.thread_id, l.thread.interp), (176, 16));
+        assert_eq!(
+            (k.frame_owner, k.skip_owner_mask, k.code_tag_offset),
+            (74, 0b1000, 112)
+        );
+        assert_eq!(
+            (l.tp_name, l.unicode.ascii_data, l.unicode.compact_data),
+            (24, 40, 56)
+        );
+
+        // The same bytes announced as a pre-b4 3.15 are misread by one word and refused.
+        let mut pre_b4 = SID_3_15_2.to_vec();
+        pre_b4[0] = 0x030f_00b3;
+        assert!(matches!(
+            parse(&real(&pre_b4)),
+            Err(DebugOffsetsError::Implausible { .. })
+        ));
+    }
 }
