@@ -10,5 +10,6 @@ def work(seconds):
         n = (n * 31 + 7) % 1000003
 
 
+print("ready", flush=True)
 work(float(sys.argv[1]))
 sys.exit(int(sys.argv[2]))
