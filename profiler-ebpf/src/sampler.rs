@@ -2,9 +2,8 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     helpers::{
-        generated::bpf_loop,
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_buf,
+        bpf_probe_read_user_buf, generated::bpf_loop,
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -150,7 +149,12 @@ fn find_tstate(tid: u32, proc: &ProcInfo, layout: &PyOffsets) -> Option<(u64, bo
     };
     let steps = MAX_INTERPRETERS * (MAX_THREAD_WALK + 1);
     unsafe {
-        bpf_loop(steps, thread_step as *mut c_void, &mut search as *mut ThreadSearch as *mut c_void, 0);
+        bpf_loop(
+            steps,
+            thread_step as *mut c_void,
+            &mut search as *mut ThreadSearch as *mut c_void,
+            0,
+        );
     }
     if search.found != 0 {
         let _ = THREADS.insert(&tid, &search.found, 0);
@@ -255,7 +259,12 @@ fn walk(frame: u64, layout: u32) -> (usize, u64, u16) {
         done: 0,
     };
     unsafe {
-        bpf_loop(MAX_FRAMES as u32, walk_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0);
+        bpf_loop(
+            MAX_FRAMES as u32,
+            walk_step as *mut c_void,
+            &mut walk as *mut Walk as *mut c_void,
+            0,
+        );
     }
     let mut flags = walk.flags as u16;
     if walk.done == 0 && walk.frame != 0 {
@@ -273,9 +282,11 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
         walk.done = 1;
         return 1;
     }
-    let (Some(layout), Some(header), Some(sample)) =
-        (LAYOUTS.get(walk.layout), FRAME_HEADER.get_ptr_mut(0), SCRATCH.get_ptr_mut(0))
-    else {
+    let (Some(layout), Some(header), Some(sample)) = (
+        LAYOUTS.get(walk.layout),
+        FRAME_HEADER.get_ptr_mut(0),
+        SCRATCH.get_ptr_mut(0),
+    ) else {
         walk.flags |= SAMPLE_READ_ERROR as u32;
         return 1;
     };
@@ -321,7 +332,8 @@ fn emit(sample: &Sample, nframes: usize) {
     if len > size_of::<Sample>() {
         return;
     }
-    let bytes = unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
+    let bytes =
+        unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
     match EVENTS.output::<[u64]>(bytes, 0) {
         Ok(()) => bump(stat::EMITTED),
         Err(_) => bump(stat::RINGBUF_DROPS),

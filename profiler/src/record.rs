@@ -165,7 +165,10 @@ async fn record(args: RecordArgs) -> Result<i32> {
     finish(&args, &session, aggregator, elapsed)?;
     if let Some(c) = child.as_mut() {
         if child_status.is_none() {
-            eprintln!("pyebpf: recording stopped; waiting for `{}` to exit", args.command.join(" "));
+            eprintln!(
+                "pyebpf: recording stopped; waiting for `{}` to exit",
+                args.command.join(" ")
+            );
             child_status = child_wait(c).await;
         }
     }

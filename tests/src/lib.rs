@@ -57,7 +57,8 @@ impl Interpreter {
         let Some(root) = &self.root else {
             return script.to_path_buf();
         };
-        let inside = Path::new("/tmp/pyebpf-tests").join(script.file_name().expect("script file name"));
+        let inside =
+            Path::new("/tmp/pyebpf-tests").join(script.file_name().expect("script file name"));
         let host = root.join(inside.strip_prefix("/").unwrap());
         std::fs::create_dir_all(host.parent().unwrap()).expect("create dir in sid root");
         std::fs::copy(script, &host).expect("copy script into sid root");
@@ -104,11 +105,18 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
             .collect();
         names.sort();
         for name in names {
-            let minor: u32 = name.split('.').nth(1).and_then(|m| m.parse().ok()).unwrap_or(0);
+            let minor: u32 = name
+                .split('.')
+                .nth(1)
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(0);
             if minor < 11 {
                 continue;
             }
-            let exe = pyenv.join(&name).join("bin").join(format!("python3.{minor}"));
+            let exe = pyenv
+                .join(&name)
+                .join("bin")
+                .join(format!("python3.{minor}"));
             candidates.push(Interpreter {
                 label: format!("pyenv {name}"),
                 version: (0, 0),
@@ -152,7 +160,10 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
                 c.version = v;
                 found.push(c);
             }
-            Some(v) => skipped.push(format!("{}: version {}.{} is not supported", c.label, v.0, v.1)),
+            Some(v) => skipped.push(format!(
+                "{}: version {}.{} is not supported",
+                c.label, v.0, v.1
+            )),
             None => skipped.push(format!("{}: does not run", c.label)),
         }
     }
@@ -216,8 +227,14 @@ impl Workload {
         let mut lines = Vec::new();
         loop {
             let mut line = String::new();
-            let n = reader.read_line(&mut line).expect("reading workload output");
-            assert!(n > 0, "{script} under {} exited before printing ready", interp.label);
+            let n = reader
+                .read_line(&mut line)
+                .expect("reading workload output");
+            assert!(
+                n > 0,
+                "{script} under {} exited before printing ready",
+                interp.label
+            );
             let line = line.trim().to_string();
             let done = line == "ready";
             lines.push(line);
@@ -261,7 +278,10 @@ fn unique_path(stem: &str, ext: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("pyebpf-test-{}-{stem}-{n}.{ext}", std::process::id()))
+    std::env::temp_dir().join(format!(
+        "pyebpf-test-{}-{stem}-{n}.{ext}",
+        std::process::id()
+    ))
 }
 
 /// Runs `pyebpf record -f collapsed -o <tmp> <args>` and parses what it wrote.
@@ -289,8 +309,12 @@ pub fn parse_collapsed(text: &str) -> Vec<(Vec<String>, u64)> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let (stack, count) = l.rsplit_once(' ').unwrap_or_else(|| panic!("bad collapsed line {l:?}"));
-            let count = count.parse().unwrap_or_else(|_| panic!("bad count in {l:?}"));
+            let (stack, count) = l
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad collapsed line {l:?}"));
+            let count = count
+                .parse()
+                .unwrap_or_else(|_| panic!("bad count in {l:?}"));
             (stack.split(';').map(str::to_string).collect(), count)
         })
         .collect()

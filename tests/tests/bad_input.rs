@@ -5,7 +5,10 @@ use std::process::Command;
 use tests::{interpreters_logged, parse_label, pyebpf_bin, record, Workload};
 
 fn one_line_error(stderr: &str) -> &str {
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("pyebpf: error:")).collect();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pyebpf: error:"))
+        .collect();
     assert_eq!(errors.len(), 1, "expected one error line, got: {stderr}");
     errors[0]
 }
@@ -27,16 +30,23 @@ fn non_python_pid_is_a_usage_error() {
     let _ = sleeper.wait();
     assert_eq!(rec.status.code(), Some(2), "{}", rec.stderr);
     let line = one_line_error(&rec.stderr);
-    assert!(line.contains("not a CPython process") && line.contains(&pid), "{line}");
+    assert!(
+        line.contains("not a CPython process") && line.contains(&pid),
+        "{line}"
+    );
 }
 
 #[test]
 fn unsupported_version_names_version_and_binary() {
-    let Some(dir) = std::fs::read_dir("/root/.pyenv/versions").ok().and_then(|d| {
-        d.filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("3.10")))
-    }) else {
+    let Some(dir) = std::fs::read_dir("/root/.pyenv/versions")
+        .ok()
+        .and_then(|d| {
+            d.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("3.10"))
+            })
+        })
+    else {
         eprintln!("skipped: no CPython 3.10 under /root/.pyenv/versions");
         return;
     };
@@ -52,14 +62,23 @@ fn unsupported_version_names_version_and_binary() {
     let _ = old.wait();
     assert_eq!(rec.status.code(), Some(2), "{}", rec.stderr);
     let line = one_line_error(&rec.stderr);
-    assert!(line.contains("3.10") && line.contains("libpython3.10"), "{line}");
+    assert!(
+        line.contains("3.10") && line.contains("libpython3.10"),
+        "{line}"
+    );
 }
 
 #[test]
 fn missing_privileges_say_what_and_how() {
     // Drop every capability and become `nobody`, as an unprivileged user would run it.
     let output = Command::new("setpriv")
-        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
         .arg(pyebpf_bin())
         .args(["record", "-d", "1"])
         .output()
@@ -67,30 +86,48 @@ fn missing_privileges_say_what_and_how() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     let line = one_line_error(&stderr);
-    assert!(line.contains("CAP_BPF") && line.contains("CAP_PERFMON") && line.contains("sudo"), "{line}");
+    assert!(
+        line.contains("CAP_BPF") && line.contains("CAP_PERFMON") && line.contains("sudo"),
+        "{line}"
+    );
 }
 
 #[test]
 fn bad_arguments_exit_2() {
-    let output = Command::new(pyebpf_bin()).args(["record", "-r", "0"]).output().unwrap();
+    let output = Command::new(pyebpf_bin())
+        .args(["record", "-r", "0"])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    let output = Command::new(pyebpf_bin()).args(["record", "-d", "-3"]).output().unwrap();
+    let output = Command::new(pyebpf_bin())
+        .args(["record", "-d", "-3"])
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(2));
 }
 
 #[test]
 fn target_exit_during_recording_keeps_samples() {
-    let interp = interpreters_logged().into_iter().next().expect("an interpreter");
+    let interp = interpreters_logged()
+        .into_iter()
+        .next()
+        .expect("an interpreter");
     let workload = Workload::start(&interp, "exit_code.py", &["1.5", "0"]);
     let pid = workload.pid().to_string();
     let started = std::time::Instant::now();
     let rec = record(&["-p", &pid, "-d", "60"]);
     assert!(rec.status.success(), "{}", rec.stderr);
-    assert!(started.elapsed().as_secs() < 20, "recording did not stop when its target exited");
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "recording did not stop when its target exited"
+    );
     let work: u64 = rec
         .stacks
         .iter()
-        .filter(|(s, _)| s.iter().any(|f| parse_label(f).is_some_and(|l| l.function == "work")))
+        .filter(|(s, _)| {
+            s.iter()
+                .any(|f| parse_label(f).is_some_and(|l| l.function == "work"))
+        })
         .map(|(_, c)| c)
         .sum();
     assert!(work >= 50, "{work} samples in work(): {}", rec.stderr);

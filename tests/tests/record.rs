@@ -29,16 +29,35 @@ fn chain_has_exact_frames_and_lines() {
         let pid = workload.pid().to_string();
         let rec = record(&["-p", &pid, "-d", "2"]);
         drop(workload);
-        assert!(rec.status.success(), "{}: pyebpf failed: {}", interp.label, rec.stderr);
+        assert!(
+            rec.status.success(),
+            "{}: pyebpf failed: {}",
+            interp.label,
+            rec.stderr
+        );
         let total = rec.total();
         let exact: u64 = rec
             .stacks
             .iter()
-            .filter(|(stack, _)| stack.iter().map(|f| parse_label(f)).collect::<Option<Vec<_>>>() == Some(expected.clone()))
+            .filter(|(stack, _)| {
+                stack
+                    .iter()
+                    .map(|f| parse_label(f))
+                    .collect::<Option<Vec<_>>>()
+                    == Some(expected.clone())
+            })
             .map(|(_, c)| c)
             .sum();
-        eprintln!("{}: {exact}/{total} samples with the exact chain", interp.label);
-        assert!(total >= 50, "{}: only {total} samples: {}", interp.label, rec.stderr);
+        eprintln!(
+            "{}: {exact}/{total} samples with the exact chain",
+            interp.label
+        );
+        assert!(
+            total >= 50,
+            "{}: only {total} samples: {}",
+            interp.label,
+            rec.stderr
+        );
         assert!(
             exact as f64 >= 0.95 * total as f64,
             "{}: {exact}/{total} samples match {expected:?}; stacks: {:#?}",
@@ -62,17 +81,33 @@ fn cpu_split_is_measured_within_five_points() {
             for f in stack {
                 if let Some(l) = parse_label(f) {
                     if l.function == "seventy" || l.function == "thirty" {
-                        *per.entry(if l.function == "seventy" { "seventy" } else { "thirty" }).or_default() += count;
+                        *per.entry(if l.function == "seventy" {
+                            "seventy"
+                        } else {
+                            "thirty"
+                        })
+                        .or_default() += count;
                     }
                 }
             }
         }
-        let (s, t) = (per.get("seventy").copied().unwrap_or(0), per.get("thirty").copied().unwrap_or(0));
+        let (s, t) = (
+            per.get("seventy").copied().unwrap_or(0),
+            per.get("thirty").copied().unwrap_or(0),
+        );
         let n = s + t;
         eprintln!("{}: seventy {s}, thirty {t} of {n}", interp.label);
-        assert!(n >= 1000, "{}: only {n} samples in the two functions", interp.label);
+        assert!(
+            n >= 1000,
+            "{}: only {n} samples in the two functions",
+            interp.label
+        );
         let share = 100.0 * s as f64 / n as f64;
-        assert!((share - 70.0).abs() <= 5.0, "{}: seventy got {share:.1}% (expected 70 ± 5)", interp.label);
+        assert!(
+            (share - 70.0).abs() <= 5.0,
+            "{}: seventy got {share:.1}% (expected 70 ± 5)",
+            interp.label
+        );
     }
 }
 
@@ -96,22 +131,44 @@ fn two_threads_are_attributed_to_their_tids() {
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let mut seen: HashMap<(String, String), u64> = HashMap::new();
         for (stack, count) in &rec.stacks {
-            let thread = stack.iter().find_map(|f| f.strip_prefix("thread ")).map(|t| t.split(' ').next().unwrap().to_string());
-            let leaf = stack.last().and_then(|f| parse_label(f)).map(|l| l.function);
+            let thread = stack
+                .iter()
+                .find_map(|f| f.strip_prefix("thread "))
+                .map(|t| t.split(' ').next().unwrap().to_string());
+            let leaf = stack
+                .last()
+                .and_then(|f| parse_label(f))
+                .map(|l| l.function);
             if let (Some(thread), Some(leaf)) = (thread, leaf) {
                 *seen.entry((thread, leaf)).or_default() += count;
             }
         }
         eprintln!("{}: {seen:?}", interp.label);
-        let alpha_ok = seen.get(&(alpha.clone(), "spin_alpha".into())).copied().unwrap_or(0);
-        let beta_ok = seen.get(&(beta.clone(), "spin_beta".into())).copied().unwrap_or(0);
-        assert!(alpha_ok >= 10 && beta_ok >= 10, "{}: alpha {alpha_ok}, beta {beta_ok} samples: {seen:?}", interp.label);
+        let alpha_ok = seen
+            .get(&(alpha.clone(), "spin_alpha".into()))
+            .copied()
+            .unwrap_or(0);
+        let beta_ok = seen
+            .get(&(beta.clone(), "spin_beta".into()))
+            .copied()
+            .unwrap_or(0);
+        assert!(
+            alpha_ok >= 10 && beta_ok >= 10,
+            "{}: alpha {alpha_ok}, beta {beta_ok} samples: {seen:?}",
+            interp.label
+        );
         let crossed: u64 = seen
             .iter()
-            .filter(|((t, f), _)| (t == &alpha && f == "spin_beta") || (t == &beta && f == "spin_alpha"))
+            .filter(|((t, f), _)| {
+                (t == &alpha && f == "spin_beta") || (t == &beta && f == "spin_alpha")
+            })
             .map(|(_, c)| c)
             .sum();
-        assert_eq!(crossed, 0, "{}: a thread got the other thread's function: {seen:?}", interp.label);
+        assert_eq!(
+            crossed, 0,
+            "{}: a thread got the other thread's function: {seen:?}",
+            interp.label
+        );
     }
 }
 
@@ -131,13 +188,27 @@ fn command_mode_profiles_and_propagates_exit_code() {
         cmd.extend([exe, script, "1.5", "7"]);
         let rec = record(&cmd);
         eprintln!("{}: {}", interp.label, rec.stderr.trim());
-        assert_eq!(rec.status.code(), Some(7), "{}: {}", interp.label, rec.stderr);
+        assert_eq!(
+            rec.status.code(),
+            Some(7),
+            "{}: {}",
+            interp.label,
+            rec.stderr
+        );
         let work: u64 = rec
             .stacks
             .iter()
-            .filter(|(s, _)| s.iter().any(|f| parse_label(f).is_some_and(|l| l.function == "work")))
+            .filter(|(s, _)| {
+                s.iter()
+                    .any(|f| parse_label(f).is_some_and(|l| l.function == "work"))
+            })
             .map(|(_, c)| c)
             .sum();
-        assert!(work >= 50, "{}: {work} samples in work(): {}", interp.label, rec.stderr);
+        assert!(
+            work >= 50,
+            "{}: {work} samples in work(): {}",
+            interp.label,
+            rec.stderr
+        );
     }
 }
