@@ -81,7 +81,11 @@ impl Profile {
 
     /// Stacks (root first) and their counts, heaviest first, ties by stack, for stable output.
     pub fn stacks(&self) -> Vec<(&[FrameId], u64)> {
-        let mut stacks: Vec<_> = self.stacks.iter().map(|(s, &c)| (s.as_slice(), c)).collect();
+        let mut stacks: Vec<_> = self
+            .stacks
+            .iter()
+            .map(|(s, &c)| (s.as_slice(), c))
+            .collect();
         stacks.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
         stacks
     }

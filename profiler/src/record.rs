@@ -163,6 +163,9 @@ async fn record(args: RecordArgs) -> Result<i32> {
     }
     let elapsed = started.elapsed();
     finish(&args, &session, aggregator, elapsed)?;
+    if let Some(path) = &args.stats_json {
+        write_stats(path, &session, elapsed)?;
+    }
     if let Some(c) = child.as_mut() {
         if child_status.is_none() {
             eprintln!(
@@ -379,4 +382,43 @@ fn finish(
     std::io::Write::flush(&mut out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("pyebpf: {summary}; wrote {}", path.display());
     Ok(())
+}
+
+/// Counters of a finished recording, as written by `--stats-json`.
+#[derive(serde::Serialize)]
+struct StatsReport {
+    duration_s: f64,
+    processes: usize,
+    session: crate::session::SessionStats,
+    kernel: crate::bpf::KernelStats,
+    symbols: crate::symbolize::SymbolStats,
+    /// `process_vm_readv` calls made by pyebpf.
+    remote_reads: u64,
+    /// BPF sampler program: total run time and runs (needs `kernel.bpf_stats_enabled=1`).
+    bpf_run_time_ns: u64,
+    bpf_run_count: u64,
+    /// pyebpf's own CPU time.
+    user_cpu_s: f64,
+    system_cpu_s: f64,
+}
+
+fn write_stats(path: &std::path::Path, session: &Session, elapsed: Duration) -> Result<()> {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let (bpf_run_time_ns, bpf_run_count) = session.program_runtime();
+    let report = StatsReport {
+        duration_s: elapsed.as_secs_f64(),
+        processes: session.seen.values().filter(|c| !c.is_empty()).count(),
+        session: session.stats,
+        kernel: session.kernel_stats(),
+        symbols: session.symbol_stats(),
+        remote_reads: crate::memory::REMOTE_READS.load(std::sync::atomic::Ordering::Relaxed),
+        bpf_run_time_ns,
+        bpf_run_count,
+        user_cpu_s: secs(usage.ru_utime),
+        system_cpu_s: secs(usage.ru_stime),
+    };
+    let text = serde_json::to_string_pretty(&report)?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }

@@ -38,7 +38,7 @@ pub struct Resolved<'a> {
 }
 
 /// Totals over a session, for summaries and headers.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct SessionStats {
     pub samples: u64,
     pub truncated: u64,
@@ -153,6 +153,11 @@ impl Session {
 
     pub fn kernel_stats(&self) -> KernelStats {
         self.sampler.stats()
+    }
+
+    /// (nanoseconds, runs) of the BPF sampler program, when the kernel keeps BPF stats.
+    pub fn program_runtime(&self) -> (u64, u64) {
+        self.sampler.program_runtime()
     }
 
     pub fn symbol_stats(&self) -> crate::symbolize::SymbolStats {

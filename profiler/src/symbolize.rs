@@ -14,7 +14,7 @@ use crate::python::layout::PyLayout;
 /// Code objects kept; past this the cache starts over (and `evictions` counts it).
 pub const MAX_CODE_ENTRIES: usize = 1 << 18;
 
-#[derive(Default, Debug, Clone, Copy)]
+#[derive(Default, Debug, Clone, Copy, serde::Serialize)]
 pub struct SymbolStats {
     pub lookups: u64,
     pub misses: u64,
@@ -31,7 +31,13 @@ pub struct Symbolizer {
 impl Symbolizer {
     /// The code object `code` of process `pid` as it was when the kernel saw tag `tag`;
     /// `None` when it cannot be read or no longer matches.
-    pub fn code(&mut self, pid: u32, layout: &PyLayout, code: u64, tag: u64) -> Option<Arc<CodeInfo>> {
+    pub fn code(
+        &mut self,
+        pid: u32,
+        layout: &PyLayout,
+        code: u64,
+        tag: u64,
+    ) -> Option<Arc<CodeInfo>> {
         self.stats.lookups += 1;
         if let Some(hit) = self.cache.get(&(pid, code, tag)) {
             return hit.clone();
@@ -42,7 +48,9 @@ impl Symbolizer {
             Err(err) => {
                 self.stats.errors += 1;
                 log::debug!("pid {pid}: code object {code:#x}: {err:#}");
-                let gone = err.downcast_ref::<ReadError>().is_some_and(|e| matches!(e, ReadError::Gone { .. }));
+                let gone = err
+                    .downcast_ref::<ReadError>()
+                    .is_some_and(|e| matches!(e, ReadError::Gone { .. }));
                 if gone {
                     return None;
                 }

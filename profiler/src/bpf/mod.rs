@@ -12,7 +12,7 @@ use profiler_common::{stat, ProcInfo, PyOffsets, MAX_LAYOUTS};
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
 /// Counters the kernel keeps per CPU, summed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KernelStats {
     pub events: u64,
     pub not_python: u64,
@@ -29,7 +29,7 @@ pub struct KernelStats {
 
 /// The loaded sampler: perf events on every online CPU feeding one ring buffer.
 pub struct Sampler {
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     procs: BpfHashMap<MapData, u32, ProcInfo>,
     layouts: Array<MapData, PyOffsets>,
     stats: PerCpuArray<MapData, u64>,
@@ -46,8 +46,11 @@ impl Sampler {
             .program_mut("sample")
             .context("BPF program `sample` missing")?
             .try_into()?;
-        program.load().context("the kernel refused the BPF sampler program")?;
-        let cpus = aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
+        program
+            .load()
+            .context("the kernel refused the BPF sampler program")?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
         for cpu in cpus {
             program
                 .attach(
@@ -63,7 +66,7 @@ impl Sampler {
         let stats = PerCpuArray::try_from(ebpf.take_map("STATS").context("map STATS")?)?;
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("map EVENTS")?)?;
         Ok(Sampler {
-            _ebpf: ebpf,
+            ebpf,
             procs,
             layouts,
             stats,
@@ -80,7 +83,9 @@ impl Sampler {
             layout,
             _pad0: 0,
         };
-        self.procs.insert(pid, info, 0).with_context(|| format!("registering pid {pid}"))?;
+        self.procs
+            .insert(pid, info, 0)
+            .with_context(|| format!("registering pid {pid}"))?;
         Ok(())
     }
 
@@ -98,14 +103,31 @@ impl Sampler {
             return Ok(id);
         }
         let id = self.layout_ids.len() as u32;
-        anyhow::ensure!(id < MAX_LAYOUTS, "more than {MAX_LAYOUTS} distinct CPython layouts");
-        self.layouts.set(id, offsets, 0).context("loading a CPython layout")?;
+        anyhow::ensure!(
+            id < MAX_LAYOUTS,
+            "more than {MAX_LAYOUTS} distinct CPython layouts"
+        );
+        self.layouts
+            .set(id, offsets, 0)
+            .context("loading a CPython layout")?;
         self.layout_ids.insert(*offsets, id);
         Ok(id)
     }
 
     pub fn layouts_loaded(&self) -> usize {
         self.layout_ids.len()
+    }
+
+    /// Time the kernel spent in the sampler program and how often it ran; zero unless
+    /// `kernel.bpf_stats_enabled` is set.
+    pub fn program_runtime(&self) -> (u64, u64) {
+        let info = self
+            .ebpf
+            .program("sample")
+            .and_then(|p| <&PerfEvent>::try_from(p).ok())
+            .and_then(|p| p.info().ok());
+        info.map(|i| (i.run_time().as_nanos() as u64, i.run_count()))
+            .unwrap_or((0, 0))
     }
 
     pub fn stats(&self) -> KernelStats {

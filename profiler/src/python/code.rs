@@ -43,12 +43,19 @@ impl CodeInfo {
 fn code_read_len(layout: &PyLayout) -> usize {
     let c = &layout.code;
     let tag_end = layout.kernel.code_tag_offset as usize + CODE_TAG_BYTES;
-    [c.filename, c.name, c.qualname, c.linetable, c.firstlineno, layout.ob_type]
-        .iter()
-        .map(|&o| o as usize + 8)
-        .chain([tag_end])
-        .max()
-        .unwrap_or(0)
+    [
+        c.filename,
+        c.name,
+        c.qualname,
+        c.linetable,
+        c.firstlineno,
+        layout.ob_type,
+    ]
+    .iter()
+    .map(|&o| o as usize + 8)
+    .chain([tag_end])
+    .max()
+    .unwrap_or(0)
 }
 
 /// The tag the kernel computes for a code object, from a copy of its first bytes.
@@ -63,14 +70,28 @@ pub fn code_tag(layout: &PyLayout, code_bytes: &[u8]) -> Option<u64> {
 
 /// Reads the code object at `code`. `expected_tag` is what the kernel saw at sample time: a
 /// mismatch means another object now lives at that address, and nothing is returned for it.
-pub fn read_code(mem: &ProcessMemory, layout: &PyLayout, code: u64, expected_tag: u64) -> Result<CodeInfo> {
+pub fn read_code(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    code: u64,
+    expected_tag: u64,
+) -> Result<CodeInfo> {
     let bytes = mem.read_vec(code, code_read_len(layout))?;
     let tag = code_tag(layout, &bytes).context("code object too short")?;
-    ensure!(tag == expected_tag, "code object at {code:#x} changed since it was sampled");
-    let field = |off: u16| bytes.u64_at(off as usize).context("field outside code object");
+    ensure!(
+        tag == expected_tag,
+        "code object at {code:#x} changed since it was sampled"
+    );
+    let field = |off: u16| {
+        bytes
+            .u64_at(off as usize)
+            .context("field outside code object")
+    };
     let qualname = read_str(mem, layout, field(layout.code.qualname)?).context("co_qualname")?;
     let filename = read_str(mem, layout, field(layout.code.filename)?).context("co_filename")?;
-    let firstlineno = bytes.i32_at(layout.code.firstlineno as usize).context("co_firstlineno")?;
+    let firstlineno = bytes
+        .i32_at(layout.code.firstlineno as usize)
+        .context("co_firstlineno")?;
     let table = read_bytes(mem, layout, field(layout.code.linetable)?).context("co_linetable")?;
     let firstlineno = firstlineno.max(0) as u32;
     Ok(CodeInfo {
@@ -88,7 +109,10 @@ pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Str
     let head = mem.read_upto(addr, FIRST_READ)?;
     let length = head.u64_at(u.length as usize).context("string header")?;
     let state = head.u32_at(u.state as usize).context("string header")?;
-    ensure!(length <= MAX_STRING_CHARS, "string of {length} characters is implausible");
+    ensure!(
+        length <= MAX_STRING_CHARS,
+        "string of {length} characters is implausible"
+    );
     let kind = (state >> u.kind_shift) & 0b111;
     let compact = (state >> u.compact_bit) & 1 == 1;
     let ascii = (state >> u.ascii_bit) & 1 == 1;
@@ -112,7 +136,9 @@ pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Str
             .collect(),
         _ => data
             .chunks_exact(4)
-            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}'))
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
+            })
             .collect(),
     })
 }
@@ -123,7 +149,10 @@ pub fn read_bytes(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<V
     let b = &layout.bytes;
     let head = mem.read_upto(addr, FIRST_READ)?;
     let size = head.u64_at(b.size as usize).context("bytes header")?;
-    ensure!(size <= MAX_LINETABLE_BYTES, "bytes object of {size} bytes is implausible");
+    ensure!(
+        size <= MAX_LINETABLE_BYTES,
+        "bytes object of {size} bytes is implausible"
+    );
     let start = b.data as usize;
     let end = start + size as usize;
     if end <= head.len() {
