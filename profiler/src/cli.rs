@@ -32,6 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Sample Python stacks and write a flame graph, speedscope profile or collapsed stacks.
     Record(RecordArgs),
+    /// Live view of the Python functions using the most CPU, across every interpreter.
+    Top(TopArgs),
 }
 
 #[derive(Args, Debug)]
@@ -55,9 +57,56 @@ pub struct RecordArgs {
     /// Split stacks by thread (adds a `thread <tid> (<name>)` frame).
     #[arg(long)]
     pub threads: bool,
+    /// Also write the recording's counters (samples, errors, drops, kernel and userspace
+    /// costs) as JSON to this file, for scripts and benchmarks.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
     /// Program to launch and profile; pyebpf exits with its exit code.
     #[arg(last = true, value_name = "COMMAND", conflicts_with = "pids")]
     pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Show only this process (repeat for several). Default: every Python process on the
+    /// host, including ones that start while `top` runs.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Samples per second per CPU.
+    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
+    pub rate: u64,
+    /// Seconds between refreshes; %Own and %Total cover the last interval.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
+    pub delay: f64,
+    /// Print one plain-text snapshot after one interval and exit.
+    #[arg(long, conflicts_with = "iterations")]
+    pub once: bool,
+    /// Print N plain-text snapshots, one per interval, and exit.
+    #[arg(short = 'n', long = "iterations", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub iterations: Option<u64>,
+    /// Aggregate by line instead of by function (key `l` toggles in the live view).
+    #[arg(long)]
+    pub lines: bool,
+    /// Column to sort by (keys 1-6 change it in the live view).
+    #[arg(long, value_enum, default_value_t = TopSort::Own)]
+    pub sort: TopSort,
+}
+
+/// Columns of `pyebpf top`, in display order.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopSort {
+    /// %Own: share of the last interval's samples with the function as the leaf.
+    Own,
+    /// %Total: share of the last interval's samples with the function anywhere on the stack.
+    Total,
+    /// Cumulative CPU time as the leaf, since `top` started.
+    OwnTime,
+    /// Cumulative CPU time anywhere on the stack, since `top` started.
+    TotalTime,
+    /// Function name.
+    Function,
+    /// Process id.
+    Process,
 }
 
 fn parse_duration(s: &str) -> Result<f64, String> {

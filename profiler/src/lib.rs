@@ -17,6 +17,7 @@ pub mod privileges;
 pub mod record;
 pub mod session;
 pub mod symbolize;
+pub mod top;
 
 /// Bad usage or input: reported as one line, exit code 2.
 #[derive(Debug)]

@@ -13,6 +13,7 @@ fn main() {
         .init();
     let result = match cli.command {
         Command::Record(args) => profiler::record::run(args),
+        Command::Top(args) => profiler::top::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),
