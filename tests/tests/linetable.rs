@@ -9,7 +9,7 @@ use serde_json::Value;
 const MIN_CODE_OBJECTS: usize = 200;
 
 fn decode_hex(hex: &str) -> Result<Vec<u8>, String> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(format!("odd-length hex string ({} chars)", hex.len()));
     }
     (0..hex.len())
