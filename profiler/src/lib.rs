@@ -6,14 +6,14 @@
 //! → `aggregate` → `output::*` (flame graph, speedscope, collapsed), driven by `record`.
 
 pub mod aggregate;
-pub mod output;
-pub mod python;
 pub mod bpf;
 pub mod cli;
 pub mod discovery;
 pub mod elf;
 pub mod memory;
+pub mod output;
 pub mod privileges;
+pub mod python;
 pub mod record;
 pub mod session;
 pub mod symbolize;
@@ -34,7 +34,8 @@ impl std::error::Error for UsageError {}
 /// Exit code for an error: 2 for bad usage/input, 1 for runtime failures.
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     let usage = err.chain().any(|e| {
-        e.downcast_ref::<UsageError>().is_some() || e.downcast_ref::<discovery::DiscoveryError>().is_some()
+        e.downcast_ref::<UsageError>().is_some()
+            || e.downcast_ref::<discovery::DiscoveryError>().is_some()
     });
     if usage {
         2

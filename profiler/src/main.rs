@@ -8,9 +8,11 @@ fn main() {
         1 => "info",
         _ => "debug",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(format!("profiler={level},pyebpf={level}")))
-        .format_timestamp(None)
-        .init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or(format!("profiler={level},pyebpf={level}")),
+    )
+    .format_timestamp(None)
+    .init();
     let result = match cli.command {
         Command::Record(args) => profiler::record::run(args),
         Command::Top(args) => profiler::top::run(args),
