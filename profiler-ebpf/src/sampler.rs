@@ -22,14 +22,14 @@ const HEADER_WORDS: usize = 16;
 const _: () = assert!(FRAME_HEADER_BYTES <= HEADER_WORDS * 8);
 
 #[map]
-static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(MAX_PROCS, 0);
+pub(crate) static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(MAX_PROCS, 0);
 #[map]
-static LAYOUTS: Array<PyOffsets> = Array::with_max_entries(MAX_LAYOUTS, 0);
+pub(crate) static LAYOUTS: Array<PyOffsets> = Array::with_max_entries(MAX_LAYOUTS, 0);
 /// tid → PyThreadState address; revalidated on every use.
 #[map]
-static THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_THREADS, 0);
+pub(crate) static THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_THREADS, 0);
 #[map]
-static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 /// The record under construction (too large for the 512-byte BPF stack).
 #[map]
 static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
@@ -37,7 +37,7 @@ static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static FRAME_HEADER: PerCpuArray<[u64; HEADER_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 
 #[inline(always)]
 fn bump(index: u32) {
