@@ -4,8 +4,12 @@
 //! the bytes, and so userspace can view them with `bytemuck`. No logic lives here.
 #![no_std]
 
-/// Interpreter frames the kernel walks per sample; deeper stacks are completed in userspace.
+/// Interpreter frames the kernel records per sample; deeper stacks are completed in userspace.
 pub const MAX_FRAMES: usize = 128;
+/// Frames below the recorded ones that the kernel folds into `SampleHeader::deep_hash`, so
+/// userspace can prove a completion matches the stack at sample time. Deeper than this, a
+/// stack is reported truncated.
+pub const MAX_DEEP_FRAMES: u32 = 8192;
 /// Distinct CPython layouts loaded at once (one per interpreter build, not per process).
 pub const MAX_LAYOUTS: u32 = 64;
 /// Python processes registered at once.
@@ -19,7 +23,7 @@ pub const MAX_INTERPRETERS: u32 = 4;
 /// Bytes of `_PyInterpreterFrame` copied per frame: one read covers every field the walk needs.
 pub const FRAME_HEADER_BYTES: usize = 96;
 /// Bytes of a code object folded into its tag (see [`FrameRecord::tag`]).
-pub const CODE_TAG_BYTES: usize = 32;
+pub const CODE_TAG_BYTES: usize = 56;
 
 /// `PyOffsets::flags`: the thread's current frame sits behind `tstate->cframe` (3.11, 3.12).
 pub const LAYOUT_CFRAME: u32 = 1 << 0;
@@ -60,12 +64,18 @@ pub struct PyOffsets {
     pub frame_owner: u16,
     /// Start of the code-object window folded into the frame's tag.
     pub code_tag_offset: u16,
-    pub _pad0: u16,
+    /// When nonzero: a pointer field of the code object (inside the tag window) whose target's
+    /// word at `tag_deref_field` is folded into the tag too; for builds whose code objects
+    /// carry no creation counter (3.11), the qualname's cached hash tells a new function at a
+    /// freed one's address apart even when every pointer was reused.
+    pub tag_deref_ptr: u16,
     /// `LAYOUT_*` bits.
     pub flags: u32,
     /// Bit `n` set: frames whose owner is `n` are C-stack/interpreter shims, not Python code.
     pub skip_owner_mask: u32,
-    pub _pad1: u32,
+    /// See `tag_deref_ptr`.
+    pub tag_deref_field: u16,
+    pub _pad1: u16,
 }
 
 /// `PROCS` value: one registered interpreter process.
@@ -78,6 +88,10 @@ pub struct ProcInfo {
     /// Index into `LAYOUTS`.
     pub layout: u32,
     pub _pad0: u32,
+    /// Device and inode of the process's pid namespace when it is not the profiler's (else
+    /// 0): CPython records thread ids as seen inside that namespace.
+    pub pidns_dev: u64,
+    pub pidns_ino: u64,
 }
 
 /// `SampleHeader::flags`: the walk stopped at `MAX_FRAMES`; `next_frame` continues it.
@@ -86,6 +100,9 @@ pub const SAMPLE_TRUNCATED: u16 = 1 << 0;
 pub const SAMPLE_READ_ERROR: u16 = 1 << 1;
 /// `SampleHeader::flags`: the thread state came from the tid cache (validated).
 pub const SAMPLE_TSTATE_CACHED: u16 = 1 << 2;
+/// `SampleHeader::flags`: the stack is deeper than `MAX_FRAMES + MAX_DEEP_FRAMES`, or a deep
+/// frame could not be read: `deep_hash` does not cover the whole stack.
+pub const SAMPLE_DEEP_INCOMPLETE: u16 = 1 << 3;
 
 /// One interpreter frame as seen in the kernel.
 #[repr(C)]
@@ -115,11 +132,16 @@ pub struct SampleHeader {
     pub datastack_chunk: u64,
     /// With `SAMPLE_TRUNCATED`: the first frame the kernel did not record.
     pub next_frame: u64,
+    /// With `SAMPLE_TRUNCATED`: [`fold_frame`] over every frame from `next_frame` down.
+    pub deep_hash: u64,
+    /// With `SAMPLE_TRUNCATED`: how many frames `deep_hash` covers (shims included).
+    pub deep_frames: u32,
     pub pid: u32,
     pub tid: u32,
     pub cpu: u32,
     pub flags: u16,
     pub nframes: u16,
+    pub _pad0: u32,
 }
 
 /// The complete record as assembled in per-CPU scratch; only the used prefix is sent.
@@ -130,16 +152,43 @@ pub struct Sample {
     pub frames: [FrameRecord; MAX_FRAMES],
 }
 
-/// Fold a code-object window into a tag. Kernel and userspace must agree bit for bit.
+/// [`ProcEvent::kind`]: a task called `execve`; `pid` is its process, which userspace inspects.
+pub const PROC_EVENT_EXEC: u32 = 1;
+/// [`ProcEvent::kind`]: a registered interpreter process exited; the kernel already dropped its
+/// `PROCS` entry and userspace forgets it.
+pub const PROC_EVENT_EXIT: u32 = 2;
+
+/// `PROC_EVENTS` record: a process-lifecycle notification from the `sched_process_exec` /
+/// `sched_process_exit` tracepoints.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct ProcEvent {
+    pub time_ns: u64,
+    /// `PROC_EVENT_*`
+    pub kind: u32,
+    /// Process id (tgid) in the host pid namespace.
+    pub pid: u32,
+}
+
+/// Fold a code-object window (and the `tag_deref_ptr` word, 0 when unused) into a tag.
+/// Kernel and userspace must agree bit for bit.
 #[inline(always)]
-pub fn fold_tag(words: &[u64; CODE_TAG_BYTES / 8]) -> u64 {
-    let mut tag = 0u64;
+pub fn fold_tag(words: &[u64; CODE_TAG_BYTES / 8], deref: u64) -> u64 {
+    let mut tag = deref;
     let mut i = 0;
     while i < CODE_TAG_BYTES / 8 {
         tag = tag.rotate_left(17) ^ words[i];
         i += 1;
     }
     tag
+}
+
+/// Adds one frame to a deep-stack digest. Kernel and userspace must agree bit for bit.
+#[inline(always)]
+pub fn fold_frame(hash: u64, frame: u64, code: u64, instr: u64) -> u64 {
+    (hash.rotate_left(23) ^ frame ^ code.rotate_left(17) ^ instr.rotate_left(41))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Indexes of the per-CPU `STATS` array.
@@ -166,7 +215,14 @@ pub mod stat {
     pub const EMITTED: u32 = 9;
     /// Entries the `PROCS` lookup pointed at a layout that is not loaded.
     pub const BAD_LAYOUT: u32 = 10;
-    pub const COUNT: u32 = 11;
+    /// `PROC_EVENTS` was full: an exec or exit notification was lost (the periodic `/proc`
+    /// scan and reap catch up).
+    pub const PROC_EVENT_DROPS: u32 = 11;
+    /// `PROCS` entries removed by the kernel when their process exited.
+    pub const EXIT_PROCS_REMOVED: u32 = 12;
+    /// `THREADS` entries removed by the kernel when their thread exited.
+    pub const EXIT_THREADS_REMOVED: u32 = 13;
+    pub const COUNT: u32 = 14;
 }
 
 #[cfg(feature = "user")]

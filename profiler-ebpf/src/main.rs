@@ -6,6 +6,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod lifecycle;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -3,16 +3,19 @@ use core::ffi::c_void;
 use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_buf, generated::bpf_loop,
+        bpf_probe_read_user_buf,
+        generated::{bpf_get_ns_current_pid_tgid, bpf_loop},
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    bindings::bpf_pidns_info,
     programs::PerfEventContext,
 };
 use profiler_common::{
-    fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader, CODE_TAG_BYTES,
-    FRAME_HEADER_BYTES, LAYOUT_CFRAME, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS,
-    MAX_THREADS, MAX_THREAD_WALK, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
+    fold_frame, fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader,
+    CODE_TAG_BYTES, FRAME_HEADER_BYTES, LAYOUT_CFRAME, MAX_DEEP_FRAMES, MAX_FRAMES,
+    MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS, MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE,
+    SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
 };
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
@@ -40,7 +43,7 @@ static FRAME_HEADER: PerCpuArray<[u64; HEADER_WORDS]> = PerCpuArray::with_max_en
 pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 
 #[inline(always)]
-fn bump(index: u32) {
+pub(crate) fn bump(index: u32) {
     if let Some(counter) = STATS.get_ptr_mut(index) {
         unsafe { *counter += 1 };
     }
@@ -69,7 +72,7 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         bump(stat::BAD_LAYOUT);
         return 0;
     };
-    let Some((tstate, cached)) = find_tstate(tid, proc, layout) else {
+    let Some((tstate, cached)) = find_tstate(tid, native_tid(tid, proc), proc, layout) else {
         bump(stat::NO_TSTATE);
         return 0;
     };
@@ -90,6 +93,16 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
     if flags & SAMPLE_TRUNCATED != 0 {
         bump(stat::TRUNCATED);
     }
+    let (mut deep_hash, mut deep_frames) = (0, 0);
+    let mut flags = flags;
+    if flags == SAMPLE_TRUNCATED {
+        let deep = deep_walk(next_frame, proc.layout);
+        deep_hash = deep.hash;
+        deep_frames = deep.frames;
+        if deep.complete == 0 {
+            flags |= SAMPLE_DEEP_INCOMPLETE;
+        }
+    }
     let Some(sample) = SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
@@ -99,14 +112,40 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         tstate,
         datastack_chunk,
         next_frame,
+        deep_hash,
+        deep_frames,
         pid,
         tid,
         cpu: unsafe { bpf_get_smp_processor_id() },
         flags: flags | if cached { SAMPLE_TSTATE_CACHED } else { 0 },
         nframes: nframes as u16,
+        _pad0: 0,
     };
     emit(sample, nframes);
     0
+}
+
+/// The thread id as the process itself sees it (`gettid()` in its own pid namespace), which
+/// is what CPython stores in `native_thread_id`; the host tid when it is not namespaced.
+#[inline(always)]
+fn native_tid(tid: u32, proc: &ProcInfo) -> u32 {
+    if proc.pidns_ino == 0 {
+        return tid;
+    }
+    let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
+    let ret = unsafe {
+        bpf_get_ns_current_pid_tgid(
+            proc.pidns_dev,
+            proc.pidns_ino,
+            &mut ns,
+            size_of::<bpf_pidns_info>() as u32,
+        )
+    };
+    if ret == 0 {
+        ns.pid
+    } else {
+        tid
+    }
 }
 
 /// State of the thread-list search, carried across `bpf_loop` iterations.
@@ -116,6 +155,8 @@ struct ThreadSearch {
     interp: u64,
     tstate: u64,
     found: u64,
+    /// A matching thread state without a current frame: used if no better one turns up.
+    fallback: u64,
     layout: u32,
     tid: u32,
     /// Interpreters entered so far.
@@ -128,10 +169,15 @@ struct ThreadSearch {
 /// this thread, else by walking the interpreters' thread lists. Works whether or not the
 /// thread holds the GIL.
 #[inline(always)]
-fn find_tstate(tid: u32, proc: &ProcInfo, layout: &PyOffsets) -> Option<(u64, bool)> {
+fn find_tstate(
+    tid: u32,
+    native_tid: u32,
+    proc: &ProcInfo,
+    layout: &PyOffsets,
+) -> Option<(u64, bool)> {
     let native_id = layout.tstate_native_thread_id as u64;
     if let Some(&cached) = unsafe { THREADS.get(&tid) } {
-        if read_u64(cached + native_id) == Some(tid as u64) {
+        if read_u64(cached + native_id) == Some(native_tid as u64) {
             bump(stat::TSTATE_CACHE_HITS);
             return Some((cached, true));
         }
@@ -142,8 +188,9 @@ fn find_tstate(tid: u32, proc: &ProcInfo, layout: &PyOffsets) -> Option<(u64, bo
         interp: 0,
         tstate: 0,
         found: 0,
+        fallback: 0,
         layout: proc.layout,
-        tid,
+        tid: native_tid,
         interps: 0,
         done: 0,
     };
@@ -156,9 +203,14 @@ fn find_tstate(tid: u32, proc: &ProcInfo, layout: &PyOffsets) -> Option<(u64, bo
             0,
         );
     }
-    if search.found != 0 {
-        let _ = THREADS.insert(&tid, &search.found, 0);
-        return Some((search.found, false));
+    let found = if search.found != 0 {
+        search.found
+    } else {
+        search.fallback
+    };
+    if found != 0 {
+        let _ = THREADS.insert(&tid, &found, 0);
+        return Some((found, false));
     }
     if search.done == 0 {
         bump(stat::THREAD_WALK_LIMIT);
@@ -201,9 +253,16 @@ extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
         return 0;
     }
     if read_u64(search.tstate + layout.tstate_native_thread_id as u64) == Some(search.tid as u64) {
-        search.found = search.tstate;
-        search.done = 1;
-        return 1;
+        // Creating a subinterpreter leaves an idle state with the creator's id in the new
+        // interpreter's list: prefer the state that is running Python.
+        if current_frame(search.tstate, layout).is_some_and(|f| f != 0) {
+            search.found = search.tstate;
+            search.done = 1;
+            return 1;
+        }
+        if search.fallback == 0 {
+            search.fallback = search.tstate;
+        }
     }
     match read_u64(search.tstate + layout.tstate_next as u64) {
         Some(next) => search.tstate = next,
@@ -313,7 +372,20 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
             walk.flags |= SAMPLE_READ_ERROR as u32;
             return 1;
         };
-        tag = fold_tag(&window);
+        let mut deref = 0;
+        if layout.tag_deref_ptr != 0 {
+            let slot = (layout.tag_deref_ptr.wrapping_sub(layout.code_tag_offset) / 8) as usize;
+            // Constant indexes only: the verifier rejects variable-offset stack reads.
+            let mut ptr = 0;
+            for (i, &w) in window.iter().enumerate() {
+                if i == slot {
+                    ptr = w;
+                }
+            }
+            let target = ptr + layout.tag_deref_field as u64;
+            deref = unsafe { bpf_probe_read_user(target as *const u64) }.unwrap_or(0);
+        }
+        tag = fold_tag(&window, deref);
     }
     let sample = unsafe { &mut *sample };
     let slot = &mut sample.frames[index as usize & (MAX_FRAMES - 1)];
@@ -323,6 +395,67 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
     slot.tag = tag;
     walk.nframes = index as u32 + 1;
     walk.frame = previous;
+    0
+}
+
+/// State of the deep walk, carried across `bpf_loop` iterations.
+#[repr(C)]
+struct DeepWalk {
+    frame: u64,
+    hash: u64,
+    layout: u32,
+    frames: u32,
+    /// The walk reached the bottom of the stack.
+    complete: u32,
+    _pad: u32,
+}
+
+/// Folds every frame below the recorded ones into a digest without recording them: one read
+/// per frame, so userspace can complete the stack from bulk copies and prove the completion
+/// is the stack of this sample, not one built later at the same addresses.
+#[inline(always)]
+fn deep_walk(frame: u64, layout: u32) -> DeepWalk {
+    let mut deep = DeepWalk {
+        frame,
+        hash: 0,
+        layout,
+        frames: 0,
+        complete: 0,
+        _pad: 0,
+    };
+    unsafe {
+        bpf_loop(
+            MAX_DEEP_FRAMES,
+            deep_step as *mut c_void,
+            &mut deep as *mut DeepWalk as *mut c_void,
+            0,
+        );
+    }
+    deep
+}
+
+#[inline(never)]
+extern "C" fn deep_step(_index: u64, ctx: *mut c_void) -> i64 {
+    let deep = unsafe { &mut *(ctx as *mut DeepWalk) };
+    if deep.frame == 0 {
+        deep.complete = 1;
+        return 1;
+    }
+    let (Some(layout), Some(header)) = (LAYOUTS.get(deep.layout), FRAME_HEADER.get_ptr_mut(0))
+    else {
+        return 1;
+    };
+    let header = unsafe { &mut *header };
+    let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
+    if unsafe { bpf_probe_read_user_buf(deep.frame as *const u8, bytes) }.is_err() {
+        bump(stat::READ_ERRORS);
+        return 1;
+    }
+    let code = word(header, layout.frame_executable) & layout.executable_mask;
+    let instr = word(header, layout.frame_instr_ptr);
+    deep.hash = fold_frame(deep.hash, deep.frame, code, instr);
+    deep.frames += 1;
+    deep.frame = word(header, layout.frame_previous);
     0
 }
 

@@ -33,6 +33,66 @@ pub struct PythonProcess {
     /// Address of `_PyRuntime`.
     pub runtime: u64,
     pub layout: PyLayout,
+    /// The pid inside the process's own pid namespace, when that is not the host's.
+    pub ns_pid: Option<u32>,
+    /// Container id from the process's cgroup path (docker, containerd, CRI-O, podman).
+    pub container: Option<String>,
+}
+
+impl PythonProcess {
+    /// `(1234)`, or `(1234, ns pid 7, container 0123456789ab)` for a namespaced process:
+    /// the suffix of the process's label in profiles.
+    pub fn id_label(&self) -> String {
+        let mut label = format!("({}", self.pid);
+        if let Some(ns) = self.ns_pid {
+            label.push_str(&format!(", ns pid {ns}"));
+        }
+        if let Some(id) = &self.container {
+            label.push_str(&format!(", container {}", &id[..id.len().min(12)]));
+        }
+        label.push(')');
+        label
+    }
+}
+
+/// The innermost pid of `pid` (last `NSpid:` field of `/proc/PID/status`), when the process
+/// lives in a pid namespace below ours.
+pub fn namespace_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_nspid(&status)
+}
+
+fn parse_nspid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let ids: Vec<u32> = line
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    match ids.as_slice() {
+        [_, .., inner] => Some(*inner),
+        _ => None,
+    }
+}
+
+/// The container id in `pid`'s cgroup path, if it has one: a 64-hex-digit path component,
+/// possibly wrapped as `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>`,
+/// `libpod-<id>.scope`.
+pub fn container_id(pid: u32) -> Option<String> {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    parse_container_id(&cgroup)
+}
+
+fn parse_container_id(cgroup: &str) -> Option<String> {
+    cgroup
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .flat_map(|path| path.split('/'))
+        .find_map(|component| {
+            let name = component.strip_suffix(".scope").unwrap_or(component);
+            let id = name.rsplit(['-', ':']).next().unwrap_or(name);
+            (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| id.to_ascii_lowercase())
+        })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +227,8 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
             binary: binary.to_string(),
             runtime,
             layout,
+            ns_pid: namespace_pid(pid),
+            container: container_id(pid),
         });
     }
     Err(DiscoveryError::NotPython { pid, command })
@@ -289,6 +351,29 @@ mod tests {
         );
         assert_eq!(version_from_name("/x/lib/libpython3.13d.so"), Some((3, 13)));
         assert_eq!(version_from_name("/usr/bin/python"), None);
+    }
+
+    #[test]
+    fn namespace_pids() {
+        assert_eq!(parse_nspid("Name:\tpython3\nNSpid:\t4242\n"), None);
+        assert_eq!(parse_nspid("NSpid:\t4242\t17\t1\nPPid:\t1\n"), Some(1));
+        assert_eq!(parse_nspid("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn container_ids() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        for path in [
+            format!("0::/system.slice/docker-{id}.scope"),
+            format!("0::/docker/{id}"),
+            format!("0::/kubepods/besteffort/pod1/cri-containerd-{id}.scope"),
+            format!("12:pids:/kubepods/pod1/{id}\n0::/"),
+            format!("0::/machine.slice/libpod-{id}.scope/container"),
+        ] {
+            assert_eq!(parse_container_id(&path).as_deref(), Some(id), "{path}");
+        }
+        assert_eq!(parse_container_id("0::/user.slice/session-2.scope"), None);
+        assert_eq!(parse_container_id("0::/"), None);
     }
 
     #[test]

@@ -8,8 +8,10 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod cli;
+pub mod complete;
 pub mod discovery;
 pub mod elf;
+pub mod lifecycle;
 pub mod memory;
 pub mod output;
 pub mod privileges;

@@ -89,11 +89,21 @@ async fn record(args: RecordArgs) -> Result<i32> {
     }
 
     let mut aggregator = Aggregator::new(multi, args.threads);
+    aggregator.note_processes(&session);
     let events = session.take_events().context("ring buffer already taken")?;
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged while it lives.
     let mut events = unsafe { AsyncFd::register(events) }
         .map_err(std::io::Error::from)
         .context("polling the ring buffer")?;
+    let proc_events = session
+        .take_proc_events()
+        .context("lifecycle ring buffer already taken")?;
+    // SAFETY: as above.
+    let mut proc_events = unsafe { AsyncFd::register(proc_events) }
+        .map_err(std::io::Error::from)
+        .context("polling the lifecycle ring buffer")?;
+    let system_wide = matches!(scope, Scope::Host);
+    let mut maps = MapReport::start(&session);
     let started = Instant::now();
     let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -110,7 +120,35 @@ async fn record(args: RecordArgs) -> Result<i32> {
                 None => std::future::pending().await,
             }
         };
+        let exec_due = session.next_exec_due();
+        let exec_due = async {
+            match exec_due {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            guard = proc_events.readable_mut() => {
+                let mut guard = guard.context("waiting for process events")?;
+                // Samples first: an exiting process's last samples are already queued.
+                let ring = events.get_mut();
+                while let Some(item) = ring.next() {
+                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+                }
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    session.handle_proc_event(&item, system_wide);
+                }
+                guard.clear_ready();
+                if !session.poll_execs(&mut warn).is_empty() {
+                    aggregator.note_processes(&session);
+                }
+            }
+            _ = exec_due => {
+                if !session.poll_execs(&mut warn).is_empty() {
+                    aggregator.note_processes(&session);
+                }
+            }
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for samples")?;
                 let ring = guard.get_inner_mut();
@@ -121,8 +159,14 @@ async fn record(args: RecordArgs) -> Result<i32> {
             }
             _ = tick.tick() => {
                 session.reap();
-                if matches!(scope, Scope::Host) && last_scan.elapsed() >= RESCAN_INTERVAL {
-                    session.scan(&mut warn);
+                if last_scan.elapsed() >= RESCAN_INTERVAL {
+                    if matches!(scope, Scope::Host) {
+                        session.scan(&mut warn);
+                        aggregator.note_processes(&session);
+                    }
+                    if args.stats_json.is_some() {
+                        maps.observe(&session);
+                    }
                     last_scan = Instant::now();
                 }
                 if let Some(c) = child.as_mut() {
@@ -161,10 +205,15 @@ async fn record(args: RecordArgs) -> Result<i32> {
     while let Some(item) = ring.next() {
         session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
     }
+    let ring = proc_events.get_mut();
+    while let Some(item) = ring.next() {
+        session.handle_proc_event(&item, false);
+    }
     let elapsed = started.elapsed();
     finish(&args, &session, aggregator, elapsed)?;
     if let Some(path) = &args.stats_json {
-        write_stats(path, &session, elapsed)?;
+        maps.finish(&session);
+        write_stats(path, &session, elapsed, &maps)?;
     }
     if let Some(c) = child.as_mut() {
         if child_status.is_none() {
@@ -226,6 +275,8 @@ struct Aggregator {
     by_thread: bool,
     python: HashMap<(u32, u64, u64, u32), FrameId>,
     labels: HashMap<u32, FrameId>,
+    /// `(pid, ns pid …, container …)` of processes in other namespaces; `(pid)` otherwise.
+    id_labels: HashMap<u32, String>,
     threads: HashMap<(u32, u32), FrameId>,
     stack: Vec<FrameId>,
 }
@@ -238,8 +289,19 @@ impl Aggregator {
             by_thread,
             python: HashMap::new(),
             labels: HashMap::new(),
+            id_labels: HashMap::new(),
             threads: HashMap::new(),
             stack: Vec::new(),
+        }
+    }
+
+    /// Remembers the namespace labels of newly watched processes.
+    fn note_processes(&mut self, session: &Session) {
+        for p in session.watched() {
+            if (p.ns_pid.is_some() || p.container.is_some()) && !self.id_labels.contains_key(&p.pid)
+            {
+                self.id_labels.insert(p.pid, p.id_label());
+            }
         }
     }
 
@@ -248,11 +310,13 @@ impl Aggregator {
         stack.clear();
         if self.by_process {
             let profile = &mut self.profile;
+            let id_labels = &self.id_labels;
             let id = *self.labels.entry(sample.pid).or_insert_with(|| {
-                profile.intern(label(
-                    FrameKind::Process,
-                    format!("{command} ({})", sample.pid),
-                ))
+                let id = id_labels
+                    .get(&sample.pid)
+                    .cloned()
+                    .unwrap_or_else(|| format!("({})", sample.pid));
+                profile.intern(label(FrameKind::Process, format!("{command} {id}")))
             });
             stack.push(id);
         }
@@ -400,9 +464,70 @@ struct StatsReport {
     /// pyebpf's own CPU time.
     user_cpu_s: f64,
     system_cpu_s: f64,
+    /// Exec/exit handling.
+    lifecycle: crate::lifecycle::LifecycleStats,
+    /// Kernel map and userspace cache sizes over the recording.
+    maps: serde_json::Value,
 }
 
-fn write_stats(path: &std::path::Path, session: &Session, elapsed: Duration) -> Result<()> {
+/// Sizes of the kernel maps and userspace caches: after the initial discovery, the largest
+/// seen (checked once a second), and at the end, with the pids/tids left in the maps.
+#[derive(serde::Serialize)]
+struct MapReport {
+    start: crate::bpf::MapSizes,
+    peak: crate::bpf::MapSizes,
+    end: crate::bpf::MapSizes,
+    caches_start: crate::session::CacheSizes,
+    caches_peak: crate::session::CacheSizes,
+    caches_end: crate::session::CacheSizes,
+    end_pids: Vec<u32>,
+    end_tids: Vec<u32>,
+}
+
+impl MapReport {
+    fn start(session: &Session) -> MapReport {
+        let maps = session.map_sizes();
+        let caches = session.cache_sizes();
+        MapReport {
+            start: maps,
+            peak: maps,
+            end: maps,
+            caches_start: caches,
+            caches_peak: caches,
+            caches_end: caches,
+            end_pids: Vec::new(),
+            end_tids: Vec::new(),
+        }
+    }
+
+    fn observe(&mut self, session: &Session) {
+        let m = session.map_sizes();
+        self.peak.procs = self.peak.procs.max(m.procs);
+        self.peak.threads = self.peak.threads.max(m.threads);
+        let c = session.cache_sizes();
+        let p = &mut self.caches_peak;
+        p.procs = p.procs.max(c.procs);
+        p.pending_execs = p.pending_execs.max(c.pending_execs);
+        p.exited = p.exited.max(c.exited);
+        p.symbols = p.symbols.max(c.symbols);
+    }
+
+    fn finish(&mut self, session: &Session) {
+        self.observe(session);
+        self.end = session.map_sizes();
+        self.caches_end = session.cache_sizes();
+        (self.end_pids, self.end_tids) = session.map_keys();
+        self.end_pids.sort_unstable();
+        self.end_tids.sort_unstable();
+    }
+}
+
+fn write_stats(
+    path: &std::path::Path,
+    session: &Session,
+    elapsed: Duration,
+    maps: &MapReport,
+) -> Result<()> {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
@@ -418,6 +543,8 @@ fn write_stats(path: &std::path::Path, session: &Session, elapsed: Duration) -> 
         bpf_run_count,
         user_cpu_s: secs(usage.ru_utime),
         system_cpu_s: secs(usage.ru_stime),
+        lifecycle: session.lifecycle_stats(),
+        maps: serde_json::to_value(maps)?,
     };
     let text = serde_json::to_string_pretty(&report)?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))

@@ -7,9 +7,11 @@ use std::sync::Arc;
 use anyhow::Result;
 use profiler_common::{FrameRecord, SampleHeader, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
 
-use crate::bpf::{KernelStats, Sampler};
+use crate::bpf::{KernelStats, MapSizes, Sampler};
+use crate::complete::{Completer, CompletionStats};
 use crate::discovery::{self, DiscoveryError, PythonProcess};
 use crate::elf::ElfCache;
+use crate::lifecycle::{Attempt, Lifecycle, LifecycleStats, ProcChange};
 use crate::python::code::CodeInfo;
 use crate::symbolize::Symbolizer;
 
@@ -62,8 +64,24 @@ pub struct Session {
     /// Every process ever profiled in this session (pid → command), for labels after exit.
     pub seen: HashMap<u32, String>,
     symbols: Symbolizer,
+    completer: Completer,
     frames: Vec<PyFrame>,
     pub stats: SessionStats,
+    /// Exec'd processes awaiting inspection, and lifecycle counters.
+    lifecycle: Lifecycle,
+}
+
+/// Sizes of the session's per-process state, for leak checks and benchmarks.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CacheSizes {
+    /// Processes watched.
+    pub procs: usize,
+    /// Exec'd processes waiting to be inspected.
+    pub pending_execs: usize,
+    /// Exited processes whose caches are dropped on the next reap.
+    pub exited: usize,
+    /// Symbolized code objects.
+    pub symbols: usize,
 }
 
 impl Session {
@@ -75,8 +93,10 @@ impl Session {
             exited: Vec::new(),
             seen: HashMap::new(),
             symbols: Symbolizer::default(),
+            completer: Completer::default(),
             frames: Vec::with_capacity(profiler_common::MAX_FRAMES),
             stats: SessionStats::default(),
+            lifecycle: Lifecycle::default(),
         })
     }
 
@@ -128,6 +148,7 @@ impl Session {
     pub fn reap(&mut self) -> Vec<u32> {
         for pid in self.exited.drain(..) {
             self.symbols.forget_process(pid);
+            self.completer.forget_process(pid);
         }
         let gone: Vec<u32> = self
             .procs
@@ -160,6 +181,11 @@ impl Session {
         self.sampler.program_runtime()
     }
 
+    /// Where stacks came from: kernel, completion cache, chunk copies, or left truncated.
+    pub fn completion_stats(&self) -> CompletionStats {
+        self.completer.stats
+    }
+
     pub fn symbol_stats(&self) -> crate::symbolize::SymbolStats {
         self.symbols.stats
     }
@@ -188,15 +214,25 @@ impl Session {
             return;
         };
         self.frames.clear();
-        for chunk in body.chunks_exact(frame_len).take(header.nframes as usize) {
-            let rec: FrameRecord = bytemuck::pod_read_unaligned(chunk);
+        let kernel_frames = body
+            .chunks_exact(frame_len)
+            .take(header.nframes as usize)
+            .map(bytemuck::pod_read_unaligned::<FrameRecord>);
+        let mut truncated = header.flags & SAMPLE_TRUNCATED != 0;
+        let tail = if truncated {
+            self.completer.complete(header.pid, header.tid, &proc.layout, &header)
+        } else {
+            self.completer.kernel_complete();
+            None
+        };
+        truncated &= tail.is_none();
+        let tail_frames = tail.iter().flat_map(|t| t.iter().copied());
+        for rec in kernel_frames.chain(tail_frames) {
             if rec.code == 0 {
                 // A shim frame (C-stack entry, interpreter-owned): not Python code.
                 continue;
             }
-            let code = self
-                .symbols
-                .code(header.pid, &proc.layout, rec.code, rec.tag);
+            let code = self.symbols.code(header.pid, &proc.layout, rec.code, rec.tag);
             let line = code
                 .as_ref()
                 .map(|c| c.line_at_instr(&proc.layout, rec.code, rec.instr))
@@ -221,13 +257,142 @@ impl Session {
             cpu: header.cpu,
             time_ns: header.time_ns,
             frames: &self.frames,
-            truncated: header.flags & SAMPLE_TRUNCATED != 0,
+            truncated,
             partial: header.flags & SAMPLE_READ_ERROR != 0,
         };
         self.stats.samples += 1;
         self.stats.truncated += resolved.truncated as u64;
         self.stats.partial += resolved.partial as u64;
         sink(&resolved, &proc.command);
+    }
+}
+
+/// Process lifecycle: exec/exit notifications from the kernel (see `crate::lifecycle`).
+impl Session {
+    /// The exec/exit notification ring buffer, for the event loop to wait on.
+    pub fn take_proc_events(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+        self.sampler.proc_events.take()
+    }
+
+    /// Handles one `PROC_EVENTS` record. With `system_wide`, every exec'd process is queued
+    /// for inspection; otherwise only a watched process that exec'd again is re-inspected.
+    /// Drain the sample ring buffer before calling this, so an exiting process's last samples
+    /// are still attributed.
+    pub fn handle_proc_event(&mut self, bytes: &[u8], system_wide: bool) {
+        match self.lifecycle.decode(bytes) {
+            Some(ProcChange::Exec(pid)) => {
+                let watched = self.procs.contains_key(&pid);
+                if watched {
+                    // A new image: the old runtime address and code objects are meaningless.
+                    self.forget(pid);
+                }
+                if watched || system_wide {
+                    self.lifecycle.expect(pid, std::time::Instant::now());
+                }
+            }
+            Some(ProcChange::Exit(pid)) => {
+                self.lifecycle.cancel(pid);
+                if self.procs.contains_key(&pid) {
+                    self.forget(pid);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Inspects the exec'd processes whose attempt is due. Returns the pids added.
+    /// Unsupported interpreters are reported once each through `warn`; processes that vanish
+    /// or cannot be parsed are logged at debug level and counted, never fatal.
+    pub fn poll_execs(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
+        let mut added = Vec::new();
+        for pid in self.lifecycle.due(std::time::Instant::now()) {
+            let outcome = self.try_exec(pid, warn);
+            if outcome == Attempt::Added {
+                added.push(pid);
+            }
+            self.lifecycle.settle(pid, outcome);
+        }
+        added
+    }
+
+    fn try_exec(&mut self, pid: u32, warn: &mut dyn FnMut(&DiscoveryError)) -> Attempt {
+        if self.procs.contains_key(&pid) {
+            return Attempt::Failed;
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            log::debug!("pid {pid} exited before it could be inspected");
+            return Attempt::Gone;
+        };
+        if !maps.lines().any(|l| l.rsplit('/').next().is_some_and(|b| b.contains("python"))) {
+            return Attempt::NotYet;
+        }
+        let last = self.lifecycle.last_attempt(pid);
+        match self.add(pid).map(|_| ()) {
+            Ok(()) => Attempt::Added,
+            Err(DiscoveryError::NoSuchProcess { .. }) => {
+                log::debug!("pid {pid} exited before it could be inspected");
+                Attempt::Gone
+            }
+            Err(DiscoveryError::NotPython { .. }) => Attempt::NotYet,
+            Err(e @ DiscoveryError::Unsupported { .. }) => {
+                self.seen.entry(pid).or_insert_with(|| {
+                    warn(&e);
+                    String::new()
+                });
+                Attempt::Failed
+            }
+            // The loader may still be mapping libpython: retry, and give up on the last try.
+            Err(e) if !last && alive(pid) => {
+                log::trace!("pid {pid}: {e:#}; retrying");
+                Attempt::NotYet
+            }
+            Err(e) => {
+                if !alive(pid) {
+                    log::debug!("pid {pid} exited while being inspected");
+                    return Attempt::Gone;
+                }
+                log::debug!("{e:#}");
+                self.lifecycle.stats.discovery_errors += 1;
+                Attempt::Failed
+            }
+        }
+    }
+
+    /// When `poll_execs` has work next.
+    pub fn next_exec_due(&self) -> Option<std::time::Instant> {
+        self.lifecycle.next_due()
+    }
+
+    pub fn lifecycle_stats(&self) -> LifecycleStats {
+        self.lifecycle.stats
+    }
+
+    /// Stops watching `pid` now; its caches go on the next reap, after its queued samples.
+    fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.sampler.unregister(pid);
+        if !self.exited.contains(&pid) {
+            self.exited.push(pid);
+        }
+    }
+
+    /// Entries in the kernel's `PROCS` and `THREADS` maps.
+    pub fn map_sizes(&self) -> MapSizes {
+        self.sampler.map_sizes()
+    }
+
+    /// Pids in `PROCS` and tids in `THREADS`.
+    pub fn map_keys(&self) -> (Vec<u32>, Vec<u32>) {
+        self.sampler.map_keys()
+    }
+
+    pub fn cache_sizes(&self) -> CacheSizes {
+        CacheSizes {
+            procs: self.procs.len(),
+            pending_execs: self.lifecycle.pending(),
+            exited: self.exited.len(),
+            symbols: self.symbols.len(),
+        }
     }
 }
 

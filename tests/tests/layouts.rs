@@ -21,7 +21,7 @@ use serde_json::Value;
 /// `profiler_common::FRAME_HEADER_BYTES`: the kernel reads this much of each frame.
 const FRAME_HEADER_BYTES: usize = 96;
 /// `profiler_common::CODE_TAG_BYTES`.
-const CODE_TAG_BYTES: u64 = 32;
+const CODE_TAG_BYTES: u64 = 56;
 /// `profiler_common::LAYOUT_CFRAME`.
 const LAYOUT_CFRAME: u32 = 1;
 /// Frames walked at most (the probe's stack is ~310 deep).
@@ -708,6 +708,11 @@ fn check_code_objects(p: &Probe, l: &PyLayout) -> Check {
                 format!("code tag window [{tag}, +32) misses offset {off}")
             })?;
         }
+        // ...and ends with co_linetable, so it reaches back as far as it can (over co_version,
+        // the per-code-object creation counter, from 3.12 on).
+        ensure(tag + CODE_TAG_BYTES == u64::from(c.linetable) + 8, || {
+            format!("code tag window [{tag}, +{CODE_TAG_BYTES}) does not end with co_linetable")
+        })?;
         p.mem.read(code + tag, CODE_TAG_BYTES as usize)?;
     }
     Ok(format!(

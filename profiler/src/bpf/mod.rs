@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use anyhow::{Context, Result};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::PerfEvent;
+use aya::programs::{PerfEvent, TracePoint};
 use aya::Ebpf;
 use profiler_common::{stat, ProcInfo, PyOffsets, MAX_LAYOUTS};
 
@@ -25,6 +25,18 @@ pub struct KernelStats {
     pub tstate_cache_hits: u64,
     pub emitted: u64,
     pub bad_layout: u64,
+    pub proc_event_drops: u64,
+    pub exit_procs_removed: u64,
+    pub exit_threads_removed: u64,
+}
+
+/// Entries in the kernel's per-process and per-thread maps, for leak checks and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MapSizes {
+    /// `PROCS`: registered interpreter processes.
+    pub procs: usize,
+    /// `THREADS`: cached thread states.
+    pub threads: usize,
 }
 
 /// The loaded sampler: perf events on every online CPU feeding one ring buffer.
@@ -36,6 +48,9 @@ pub struct Sampler {
     /// Distinct layouts loaded, by content: many processes of one build share an entry.
     layout_ids: HashMap<PyOffsets, u32>,
     pub events: Option<RingBuf<MapData>>,
+    threads: BpfHashMap<MapData, u32, u64>,
+    /// Exec/exit notifications (`ProcEvent`s) from the lifecycle tracepoints.
+    pub proc_events: Option<RingBuf<MapData>>,
 }
 
 impl Sampler {
@@ -61,7 +76,11 @@ impl Sampler {
                 )
                 .with_context(|| format!("attaching the sampler to CPU {cpu}"))?;
         }
+        attach_lifecycle(&mut ebpf)?;
         let procs = BpfHashMap::try_from(ebpf.take_map("PROCS").context("map PROCS")?)?;
+        let threads = BpfHashMap::try_from(ebpf.take_map("THREADS").context("map THREADS")?)?;
+        let proc_events =
+            RingBuf::try_from(ebpf.take_map("PROC_EVENTS").context("map PROC_EVENTS")?)?;
         let layouts = Array::try_from(ebpf.take_map("LAYOUTS").context("map LAYOUTS")?)?;
         let stats = PerCpuArray::try_from(ebpf.take_map("STATS").context("map STATS")?)?;
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("map EVENTS")?)?;
@@ -72,16 +91,21 @@ impl Sampler {
             stats,
             layout_ids: HashMap::new(),
             events: Some(events),
+            threads,
+            proc_events: Some(proc_events),
         })
     }
 
     /// Starts sampling process `pid`, whose `_PyRuntime` is at `runtime`.
     pub fn register(&mut self, pid: u32, runtime: u64, offsets: &PyOffsets) -> Result<()> {
         let layout = self.layout_id(offsets)?;
+        let (pidns_dev, pidns_ino) = foreign_pid_namespace(pid).unwrap_or((0, 0));
         let info = ProcInfo {
             runtime,
             layout,
             _pad0: 0,
+            pidns_dev,
+            pidns_ino,
         };
         self.procs
             .insert(pid, info, 0)
@@ -96,6 +120,22 @@ impl Sampler {
     /// Processes currently registered in the kernel.
     pub fn registered(&self) -> usize {
         self.procs.keys().count()
+    }
+
+    /// Pids in `PROCS` and tids in `THREADS` right now (one map walk each).
+    pub fn map_sizes(&self) -> MapSizes {
+        MapSizes {
+            procs: self.procs.keys().count(),
+            threads: self.threads.keys().count(),
+        }
+    }
+
+    /// The pids registered in `PROCS` and the tids cached in `THREADS`.
+    pub fn map_keys(&self) -> (Vec<u32>, Vec<u32>) {
+        (
+            self.procs.keys().filter_map(|k| k.ok()).collect(),
+            self.threads.keys().filter_map(|k| k.ok()).collect(),
+        )
     }
 
     fn layout_id(&mut self, offsets: &PyOffsets) -> Result<u32> {
@@ -149,6 +189,42 @@ impl Sampler {
             tstate_cache_hits: sum(stat::TSTATE_CACHE_HITS),
             emitted: sum(stat::EMITTED),
             bad_layout: sum(stat::BAD_LAYOUT),
+            proc_event_drops: sum(stat::PROC_EVENT_DROPS),
+            exit_procs_removed: sum(stat::EXIT_PROCS_REMOVED),
+            exit_threads_removed: sum(stat::EXIT_THREADS_REMOVED),
         }
     }
+}
+
+/// Attaches the exec/exit tracepoints (`profiler-ebpf/src/lifecycle.rs`).
+fn attach_lifecycle(ebpf: &mut Ebpf) -> Result<()> {
+    for (program, event) in [
+        ("process_exec", "sched_process_exec"),
+        ("process_exit", "sched_process_exit"),
+    ] {
+        let tp: &mut TracePoint = ebpf
+            .program_mut(program)
+            .with_context(|| format!("BPF program `{program}` missing"))?
+            .try_into()?;
+        tp.load()
+            .with_context(|| format!("the kernel refused the BPF program `{program}`"))?;
+        tp.attach("sched", event)
+            .with_context(|| format!("attaching to the tracepoint sched/{event}"))?;
+    }
+    Ok(())
+}
+
+/// (device, inode) of `pid`'s pid namespace, in the kernel's encoding, when it differs from
+/// ours; `None` when it is the same (or cannot be read).
+fn foreign_pid_namespace(pid: u32) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?;
+    let ours = std::fs::metadata("/proc/self/ns/pid").ok()?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return None;
+    }
+    let dev = theirs.dev();
+    // The kernel's dev_t is major << 20 | minor, not the userspace encoding stat returns.
+    let kernel_dev = ((libc::major(dev) as u64) << 20) | libc::minor(dev) as u64;
+    Some((kernel_dev, theirs.ino()))
 }

@@ -58,14 +58,34 @@ fn code_read_len(layout: &PyLayout) -> usize {
     .unwrap_or(0)
 }
 
-/// The tag the kernel computes for a code object, from a copy of its first bytes.
-pub fn code_tag(layout: &PyLayout, code_bytes: &[u8]) -> Option<u64> {
-    let start = layout.kernel.code_tag_offset as usize;
+/// The tag the kernel computes for a code object, from a copy of its first bytes (which must
+/// cover the tag window); reads the `tag_deref_ptr` word from the target when the layout has one.
+pub fn code_tag(mem: &ProcessMemory, layout: &PyLayout, code_bytes: &[u8]) -> Result<u64> {
+    let k = &layout.kernel;
+    let start = k.code_tag_offset as usize;
     let mut words = [0u64; CODE_TAG_BYTES / 8];
     for (i, w) in words.iter_mut().enumerate() {
-        *w = code_bytes.u64_at(start + i * 8)?;
+        *w = code_bytes
+            .u64_at(start + i * 8)
+            .context("code object too short")?;
     }
-    Some(fold_tag(&words))
+    let mut deref = 0;
+    if k.tag_deref_ptr != 0 {
+        let ptr = code_bytes
+            .u64_at(k.tag_deref_ptr as usize)
+            .context("code object too short")?;
+        // The kernel folds 0 in when this read fails; so do we.
+        deref = mem.read_u64(ptr + k.tag_deref_field as u64).unwrap_or(0);
+    }
+    Ok(fold_tag(&words, deref))
+}
+
+/// The current tag of the code object at `code` (reads its tag window).
+pub fn read_tag(mem: &ProcessMemory, layout: &PyLayout, code: u64) -> Result<u64> {
+    let end = layout.kernel.code_tag_offset as usize + CODE_TAG_BYTES;
+    let end = end.max(layout.kernel.tag_deref_ptr as usize + 8);
+    let bytes = mem.read_vec(code, end)?;
+    code_tag(mem, layout, &bytes)
 }
 
 /// Reads the code object at `code`. `expected_tag` is what the kernel saw at sample time: a
@@ -77,7 +97,7 @@ pub fn read_code(
     expected_tag: u64,
 ) -> Result<CodeInfo> {
     let bytes = mem.read_vec(code, code_read_len(layout))?;
-    let tag = code_tag(layout, &bytes).context("code object too short")?;
+    let tag = code_tag(mem, layout, &bytes)?;
     ensure!(
         tag == expected_tag,
         "code object at {code:#x} changed since it was sampled"

@@ -637,9 +637,10 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         frame_instr_ptr: v.offset("interpreter_frame", "instr_ptr")?,
         frame_owner: v.offset("interpreter_frame", "owner")?,
         code_tag_offset: code_tag_offset(&code),
-        _pad0: 0,
+        tag_deref_ptr: 0,
         flags: 0,
         skip_owner_mask: facts.skip_owner_mask,
+        tag_deref_field: 0,
         _pad1: 0,
     };
     Ok(PyLayout {

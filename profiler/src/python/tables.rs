@@ -29,18 +29,15 @@ pub(crate) const STACK_CHUNK: ChunkLayout = ChunkLayout {
     data: 24,
 };
 
-/// Start of the 32-byte window of a code object folded into a frame's tag: it should cover the
-/// `co_filename`, `co_name`, `co_qualname` and `co_linetable` pointers. When those four fit in
-/// the window it starts at the lowest of them, else at `co_filename`.
+/// Start of the code-object window folded into a frame's tag: it ends with `co_linetable` and
+/// reaches back over `co_filename`, `co_name`, `co_qualname` and, from 3.12 on, `co_version`
+/// (a counter stamped on every code object created), so a new code object at a freed one's
+/// address gets a new tag even when its strings reuse the old addresses too.
 pub(crate) fn code_tag_offset(code: &CodeLayout) -> u16 {
     let fields = [code.filename, code.name, code.qualname, code.linetable];
-    let lo = fields.iter().copied().min().unwrap_or(code.filename);
-    let hi = fields.iter().copied().max().unwrap_or(code.filename);
-    if usize::from(hi) + 8 - usize::from(lo) <= profiler_common::CODE_TAG_BYTES {
-        lo
-    } else {
-        code.filename
-    }
+    let hi = fields.iter().copied().max().unwrap_or(code.filename) + 8;
+    // Never before the object header (refcount, type, size).
+    hi.saturating_sub(profiler_common::CODE_TAG_BYTES as u16).max(24)
 }
 
 /// The layout of a CPython 3.11 or 3.12 build, or `None` for any other minor.
@@ -96,9 +93,12 @@ fn layout_311(version: PyVersion) -> PyLayout {
             frame_instr_ptr: 56,
             frame_owner: 69,
             code_tag_offset: code_tag_offset(&code),
-            _pad0: 0,
+            // 3.11 code objects carry no creation counter: fold in co_qualname's hash
+            // (PyASCIIObject.hash at 24).
+            tag_deref_ptr: code.qualname,
             flags: LAYOUT_CFRAME,
             skip_owner_mask: SKIP_OWNERS_311,
+            tag_deref_field: 24,
             _pad1: 0,
         },
         code,
@@ -172,9 +172,10 @@ fn layout_312(version: PyVersion) -> PyLayout {
             frame_instr_ptr: 56,
             frame_owner: 70,
             code_tag_offset: code_tag_offset(&code),
-            _pad0: 0,
+            tag_deref_ptr: 0,
             flags: LAYOUT_CFRAME,
             skip_owner_mask: SKIP_OWNERS_312,
+            tag_deref_field: 0,
             _pad1: 0,
         },
         code,
@@ -232,7 +233,7 @@ mod tests {
                 assert!(usize::from(off) + 8 <= FRAME_HEADER_BYTES);
             }
             assert!(usize::from(k.frame_owner) < FRAME_HEADER_BYTES);
-            assert_eq!(k.code_tag_offset, 112);
+            assert_eq!(k.code_tag_offset, 88);
         }
     }
 }

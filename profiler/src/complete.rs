@@ -1,0 +1,230 @@
+//! Completing stacks deeper than the kernel records.
+//!
+//! The kernel records the top `MAX_FRAMES` frames and, below them, folds every frame's
+//! (address, code, instruction) into `deep_hash`. Userspace finishes the stack from bulk copies
+//! of the thread's stack chunks (a handful of reads for thousands of frames; frames living
+//! outside chunks, such as generators', are read one by one) and accepts the result only if it
+//! folds to the same digest: a chain rebuilt at the same addresses by different calls since
+//! the sample (CPython gh-151613) fails the check, and the sample stays truncated.
+//!
+//! Validated tails are cached per thread by (continuation frame, digest, depth). The digest
+//! is taken at sample time, so a hit proves the tail is unchanged without reading anything.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use profiler_common::{
+    fold_frame, FrameRecord, SampleHeader, FRAME_HEADER_BYTES, SAMPLE_DEEP_INCOMPLETE,
+    SAMPLE_READ_ERROR,
+};
+
+use crate::memory::{Fields, ProcessMemory};
+use crate::python::code::read_tag;
+use crate::python::layout::PyLayout;
+
+/// Stack chunks copied per completion (CPython's chunks are ≥ 16 KiB: ≥ 1 MiB of frames).
+const MAX_CHUNKS: usize = 64;
+/// Bytes copied per completion.
+const MAX_CHUNK_BYTES: u64 = 16 << 20;
+/// First read of a chunk: CPython's usual chunk size, so one read covers most chunks.
+const CHUNK_FIRST_READ: usize = 16 << 10;
+/// Frames outside chunks (generators, coroutines) read one by one per completion.
+const MAX_LOOSE_FRAMES: usize = 1024;
+/// Cached tails, all threads together; past this the cache starts over.
+const MAX_TAILS: usize = 4096;
+
+/// Where each sample's stack came from.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CompletionStats {
+    /// Samples the kernel recorded whole.
+    pub kernel: u64,
+    /// Deep samples whose tail came from the cache (no reads).
+    pub cache: u64,
+    /// Deep samples completed from fresh chunk copies.
+    pub chunks: u64,
+    /// Deep samples that could not be completed and validated.
+    pub truncated: u64,
+    /// ...of which the digest did not match (the stack changed before it was copied).
+    pub changed: u64,
+    /// Remote reads made for completion.
+    pub reads: u64,
+    pub cache_evictions: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct TailKey {
+    pid: u32,
+    tid: u32,
+    next_frame: u64,
+    deep_hash: u64,
+    deep_frames: u32,
+}
+
+#[derive(Default)]
+pub struct Completer {
+    tails: HashMap<TailKey, Arc<[FrameRecord]>>,
+    pub stats: CompletionStats,
+}
+
+struct Chunk {
+    addr: u64,
+    bytes: Vec<u8>,
+}
+
+impl Completer {
+    /// Counts a sample the kernel recorded whole.
+    pub fn kernel_complete(&mut self) {
+        self.stats.kernel += 1;
+    }
+
+    /// The Python frames below the kernel's recorded ones, leaf first, or `None` when they
+    /// cannot be proven to be this sample's.
+    pub fn complete(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        layout: &PyLayout,
+        header: &SampleHeader,
+    ) -> Option<Arc<[FrameRecord]>> {
+        if header.flags & (SAMPLE_DEEP_INCOMPLETE | SAMPLE_READ_ERROR) != 0 || header.next_frame == 0 {
+            self.stats.truncated += 1;
+            return None;
+        }
+        let key = TailKey {
+            pid,
+            tid,
+            next_frame: header.next_frame,
+            deep_hash: header.deep_hash,
+            deep_frames: header.deep_frames,
+        };
+        if let Some(tail) = self.tails.get(&key) {
+            self.stats.cache += 1;
+            return Some(tail.clone());
+        }
+        let mem = ProcessMemory::new(pid);
+        match self.walk(&mem, layout, header) {
+            Ok(tail) => {
+                self.stats.chunks += 1;
+                if self.tails.len() >= MAX_TAILS {
+                    self.tails.clear();
+                    self.stats.cache_evictions += 1;
+                }
+                let tail: Arc<[FrameRecord]> = tail.into();
+                self.tails.insert(key, tail.clone());
+                Some(tail)
+            }
+            Err(why) => {
+                log::debug!("pid {pid} tid {tid}: stack not completed: {why}");
+                self.stats.truncated += 1;
+                None
+            }
+        }
+    }
+
+    /// Drops the cached tails of an exited process.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.tails.retain(|k, _| k.pid != pid);
+    }
+
+    pub fn cached_tails(&self) -> usize {
+        self.tails.len()
+    }
+
+    fn read(&mut self, mem: &ProcessMemory, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+        self.stats.reads += 1;
+        mem.read_vec(addr, len).map_err(|e| e.to_string())
+    }
+
+    fn read_chunks(&mut self, mem: &ProcessMemory, layout: &PyLayout, first: u64) -> Result<Vec<Chunk>, String> {
+        let mut chunks = Vec::new();
+        let mut total = 0u64;
+        let mut addr = first;
+        while addr != 0 && chunks.len() < MAX_CHUNKS {
+            self.stats.reads += 1;
+            let mut bytes = mem.read_upto(addr, CHUNK_FIRST_READ).map_err(|e| e.to_string())?;
+            let size = bytes.u64_at(layout.chunk.size as usize).ok_or("short chunk header")?;
+            total += size;
+            if size < layout.chunk.data as u64 || total > MAX_CHUNK_BYTES {
+                return Err(format!("implausible stack chunk of {size} bytes at {addr:#x}"));
+            }
+            if size as usize > bytes.len() {
+                let rest = self.read(mem, addr + bytes.len() as u64, size as usize - bytes.len())?;
+                bytes.extend_from_slice(&rest);
+            }
+            bytes.truncate(size as usize);
+            let previous = bytes.u64_at(layout.chunk.previous as usize).ok_or("short chunk header")?;
+            chunks.push(Chunk { addr, bytes });
+            addr = previous;
+        }
+        Ok(chunks)
+    }
+
+    fn walk(&mut self, mem: &ProcessMemory, layout: &PyLayout, header: &SampleHeader) -> Result<Vec<FrameRecord>, String> {
+        let chunks = self.read_chunks(mem, layout, header.datastack_chunk)?;
+        let k = &layout.kernel;
+        let data_start = layout.chunk.data as u64;
+        let mut frames = Vec::new();
+        let mut hash = 0u64;
+        let mut count = 0u32;
+        let mut loose = 0usize;
+        let mut frame = header.next_frame;
+        while frame != 0 {
+            if count >= header.deep_frames {
+                return Err("the stack is deeper than at sample time".into());
+            }
+            let copied = chunks.iter().find_map(|c| {
+                let start = frame.checked_sub(c.addr)?;
+                let end = start + FRAME_HEADER_BYTES as u64;
+                (start >= data_start && end <= c.bytes.len() as u64).then(|| &c.bytes[start as usize..end as usize])
+            });
+            let owned;
+            let bytes = match copied {
+                Some(bytes) => bytes,
+                None => {
+                    loose += 1;
+                    if loose > MAX_LOOSE_FRAMES {
+                        return Err("too many frames outside stack chunks".into());
+                    }
+                    owned = self.read(mem, frame, FRAME_HEADER_BYTES)?;
+                    &owned[..]
+                }
+            };
+            let field = |off: u16| bytes.u64_at(off as usize).ok_or("frame field out of range");
+            let previous = field(k.frame_previous)?;
+            let code = field(k.frame_executable)? & k.executable_mask;
+            let instr = field(k.frame_instr_ptr)?;
+            let owner = bytes.get(k.frame_owner as usize).copied().unwrap_or(0) as u32;
+            hash = fold_frame(hash, frame, code, instr);
+            count += 1;
+            let shim = owner < 32 && k.skip_owner_mask & (1 << owner) != 0;
+            if !shim && code != 0 {
+                frames.push(FrameRecord {
+                    frame,
+                    code,
+                    instr,
+                    tag: 0,
+                });
+            }
+            frame = previous;
+        }
+        if count != header.deep_frames || hash != header.deep_hash {
+            self.stats.changed += 1;
+            return Err(format!(
+                "the stack changed since the sample ({count} frames vs {} at sample time)",
+                header.deep_frames
+            ));
+        }
+        // Tag each distinct code object once, as the kernel does for the frames it records.
+        let mut tags: HashMap<u64, u64> = HashMap::new();
+        for f in &mut frames {
+            if let Some(&tag) = tags.get(&f.code) {
+                f.tag = tag;
+                continue;
+            }
+            self.stats.reads += 1 + (k.tag_deref_ptr != 0) as u64;
+            f.tag = read_tag(mem, layout, f.code).map_err(|e| format!("{e:#}"))?;
+            tags.insert(f.code, f.tag);
+        }
+        Ok(frames)
+    }
+}

@@ -1,0 +1,217 @@
+//! Processes coming and going. The kernel's lifecycle tracepoints
+//! (`profiler-ebpf/src/lifecycle.rs`) announce every `execve` and the exit of every registered
+//! interpreter; this module turns those announcements into discovery attempts and cleanups.
+//!
+//! An exec'd process is not recognizable at once: the dynamic loader maps `libpython` only
+//! after the exec, and a launcher such as `chroot` or `unshare` execs again. So a new process is
+//! inspected right away and then retried on a short, bounded backoff ([`EXEC_RETRY_MS`]); after
+//! the last try it is dropped (the periodic `/proc` scan still catches a late `dlopen`). The
+//! queue itself is capped ([`MAX_PENDING`]), so a fork bomb costs bounded memory.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use profiler_common::{ProcEvent, PROC_EVENT_EXEC, PROC_EVENT_EXIT};
+
+/// When an exec'd process is inspected, in milliseconds after its exec event arrived.
+pub const EXEC_RETRY_MS: [u64; 8] = [0, 3, 10, 30, 80, 200, 450, 900];
+/// Exec'd processes waiting for inspection at once; beyond it new ones wait for the scan.
+pub const MAX_PENDING: usize = 4096;
+
+/// One decoded lifecycle notification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcChange {
+    Exec(u32),
+    Exit(u32),
+}
+
+/// Counters of lifecycle handling, for `--stats-json` and benchmarks.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct LifecycleStats {
+    pub exec_events: u64,
+    pub exit_events: u64,
+    /// Interpreters found through an exec event (rather than the `/proc` scan).
+    pub added_on_exec: u64,
+    /// Processes that exited before they could be inspected or sampled.
+    pub vanished: u64,
+    /// Exec'd processes that were still not CPython after the last retry.
+    pub not_python: u64,
+    /// Interpreters whose runtime could not be located or parsed (logged once, at debug level).
+    pub discovery_errors: u64,
+    /// Exec events ignored because [`MAX_PENDING`] processes were already queued.
+    pub pending_dropped: u64,
+    pub malformed_events: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    since: Instant,
+    /// Index into [`EXEC_RETRY_MS`] of the next attempt.
+    attempt: usize,
+}
+
+impl Pending {
+    fn due(&self) -> Instant {
+        self.since + Duration::from_millis(EXEC_RETRY_MS[self.attempt])
+    }
+}
+
+/// Outcome of one inspection attempt, as reported back by the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    Added,
+    /// Not (yet) recognizable: retry later, or give up after the last try.
+    NotYet,
+    /// Recognized but failed for good (unsupported, or an error on the last try).
+    Failed,
+    Gone,
+}
+
+#[derive(Default)]
+pub struct Lifecycle {
+    pending: HashMap<u32, Pending>,
+    pub stats: LifecycleStats,
+}
+
+impl Lifecycle {
+    /// Decodes a `PROC_EVENTS` record.
+    pub fn decode(&mut self, bytes: &[u8]) -> Option<ProcChange> {
+        let Some(head) = bytes.get(..size_of::<ProcEvent>()) else {
+            self.stats.malformed_events += 1;
+            return None;
+        };
+        let event: ProcEvent = bytemuck::pod_read_unaligned(head);
+        match event.kind {
+            PROC_EVENT_EXEC => {
+                self.stats.exec_events += 1;
+                Some(ProcChange::Exec(event.pid))
+            }
+            PROC_EVENT_EXIT => {
+                self.stats.exit_events += 1;
+                Some(ProcChange::Exit(event.pid))
+            }
+            _ => {
+                self.stats.malformed_events += 1;
+                None
+            }
+        }
+    }
+
+    /// Queues `pid` for inspection now (again, if it was queued: it exec'd once more).
+    pub fn expect(&mut self, pid: u32, now: Instant) {
+        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&pid) {
+            self.stats.pending_dropped += 1;
+            return;
+        }
+        self.pending.insert(
+            pid,
+            Pending {
+                since: now,
+                attempt: 0,
+            },
+        );
+    }
+
+    pub fn cancel(&mut self, pid: u32) {
+        self.pending.remove(&pid);
+    }
+
+    /// Queued pids whose next attempt is due.
+    pub fn due(&self, now: Instant) -> Vec<u32> {
+        self.pending
+            .iter()
+            .filter(|(_, p)| p.due() <= now)
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
+    /// True when `pid`'s current attempt is its last.
+    pub fn last_attempt(&self, pid: u32) -> bool {
+        self.pending
+            .get(&pid)
+            .is_none_or(|p| p.attempt + 1 >= EXEC_RETRY_MS.len())
+    }
+
+    /// Records the outcome of an attempt on `pid`.
+    pub fn settle(&mut self, pid: u32, outcome: Attempt) {
+        match outcome {
+            Attempt::Added => {
+                self.stats.added_on_exec += 1;
+                self.pending.remove(&pid);
+            }
+            Attempt::Gone => {
+                self.stats.vanished += 1;
+                self.pending.remove(&pid);
+            }
+            Attempt::Failed => {
+                self.pending.remove(&pid);
+            }
+            Attempt::NotYet => {
+                let last = self.last_attempt(pid);
+                if last {
+                    self.stats.not_python += 1;
+                    self.pending.remove(&pid);
+                } else if let Some(p) = self.pending.get_mut(&pid) {
+                    p.attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// When the next queued attempt is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.pending.values().map(Pending::due).min()
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_bounded() {
+        let mut l = Lifecycle::default();
+        let t0 = Instant::now();
+        l.expect(7, t0);
+        let mut tries = 0;
+        while l.pending() > 0 {
+            let at = l.next_due().unwrap();
+            assert_eq!(l.due(at), vec![7]);
+            l.settle(7, Attempt::NotYet);
+            tries += 1;
+        }
+        assert_eq!(tries, EXEC_RETRY_MS.len());
+        assert_eq!(l.stats.not_python, 1);
+    }
+
+    #[test]
+    fn queue_is_capped() {
+        let mut l = Lifecycle::default();
+        let now = Instant::now();
+        for pid in 0..(MAX_PENDING as u32 + 10) {
+            l.expect(pid, now);
+        }
+        assert_eq!(l.pending(), MAX_PENDING);
+        assert_eq!(l.stats.pending_dropped, 10);
+    }
+
+    #[test]
+    fn decodes_events() {
+        let mut l = Lifecycle::default();
+        let ev = ProcEvent {
+            time_ns: 1,
+            kind: PROC_EVENT_EXIT,
+            pid: 42,
+        };
+        assert_eq!(
+            l.decode(bytemuck::bytes_of(&ev)),
+            Some(ProcChange::Exit(42))
+        );
+        assert_eq!(l.decode(&[0u8; 3]), None);
+        assert_eq!(l.stats.malformed_events, 1);
+    }
+}
