@@ -429,6 +429,19 @@ fn finish(
         errors,
         kernel.ringbuf_drops
     );
+    let c = session.completion_stats();
+    let deep = c.cache + c.chunks + c.truncated;
+    if deep > 0 {
+        let pct = |n: u64| 100.0 * n as f64 / (c.kernel + deep).max(1) as f64;
+        eprintln!(
+            "pyebpf: stacks: {:.1}% whole from the kernel, {:.1}% completed from cache, {:.1}% from stack-chunk copies, {:.1}% left truncated; {:.2} remote reads per sample",
+            pct(c.kernel),
+            pct(c.cache),
+            pct(c.chunks),
+            pct(c.truncated),
+            crate::memory::REMOTE_READS.load(std::sync::atomic::Ordering::Relaxed) as f64 / st.samples.max(1) as f64
+        );
+    }
     if profile.samples == 0 {
         eprintln!("pyebpf: {summary}; no Python samples collected, so no profile was written (was the target busy in Python?)");
         return Ok(());
@@ -456,6 +469,8 @@ struct StatsReport {
     session: crate::session::SessionStats,
     kernel: crate::bpf::KernelStats,
     symbols: crate::symbolize::SymbolStats,
+    /// Where stacks came from (kernel, completion cache, chunk copies, left truncated).
+    completion: crate::complete::CompletionStats,
     /// `process_vm_readv` calls made by pyebpf.
     remote_reads: u64,
     /// BPF sampler program: total run time and runs (needs `kernel.bpf_stats_enabled=1`).
@@ -538,6 +553,7 @@ fn write_stats(
         session: session.stats,
         kernel: session.kernel_stats(),
         symbols: session.symbol_stats(),
+        completion: session.completion_stats(),
         remote_reads: crate::memory::REMOTE_READS.load(std::sync::atomic::Ordering::Relaxed),
         bpf_run_time_ns,
         bpf_run_count,

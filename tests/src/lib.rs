@@ -264,6 +264,8 @@ impl Drop for Workload {
 pub struct Recording {
     pub status: std::process::ExitStatus,
     pub stderr: String,
+    /// What a launched command (`-- CMD`) printed.
+    pub stdout: String,
     /// Root-first stacks with their sample counts.
     pub stacks: Vec<(Vec<String>, u64)>,
 }
@@ -300,6 +302,7 @@ pub fn record(args: &[&str]) -> Recording {
     Recording {
         status: output.status,
         stderr,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stacks: parse_collapsed(&text),
     }
 }

@@ -1,0 +1,290 @@
+//! Deep stacks, address reuse, generators and coroutines (the kernel path plus userspace
+//! completion), on real interpreters.
+
+use std::collections::HashMap;
+
+use tests::{
+    interpreters_logged, marker_lines, parse_label, record, Interpreter, PyLabel, Workload,
+};
+
+fn labels(stack: &[String]) -> Vec<Option<PyLabel>> {
+    stack.iter().map(|f| parse_label(f)).collect()
+}
+
+fn is_truncated(stack: &[String]) -> bool {
+    stack
+        .iter()
+        .any(|f| f == "<truncated>" || f == "<partial stack>")
+}
+
+/// Runs `script args` under `interp` through `pyebpf record -- ...`.
+fn record_command(
+    interp: &Interpreter,
+    script: &str,
+    args: &[&str],
+    opts: &[&str],
+) -> tests::Recording {
+    let staged = interp.stage(&tests::workloads_dir().join(script));
+    let staged = staged.to_str().unwrap().to_string();
+    let exe = interp.exe.to_str().unwrap().to_string();
+    let root = interp
+        .root
+        .as_ref()
+        .map(|r| r.to_str().unwrap().to_string());
+    let mut cmd: Vec<&str> = opts.to_vec();
+    cmd.push("--");
+    if let Some(root) = &root {
+        cmd.extend(["chroot", root]);
+    }
+    cmd.extend([exe.as_str(), staged.as_str()]);
+    cmd.extend(args);
+    record(&cmd)
+}
+
+/// Recursion 1000 deep: every sample reported complete has all 1001 `rec` frames, in order,
+/// with the right lines, between `<module>` and `leaf`.
+#[test]
+fn recursion_1000_deep_is_complete_and_ordered() {
+    let lines = marker_lines("deep.py");
+    for interp in &interpreters_logged() {
+        let workload = Workload::start(interp, "deep.py", &["1000"]);
+        let pid = workload.pid().to_string();
+        let rec = record(&["-p", &pid, "-d", "2", "-r", "200"]);
+        drop(workload);
+        assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
+        let mut expected = vec![PyLabel {
+            function: "<module>".into(),
+            file: "deep.py".into(),
+            line: lines["module"],
+        }];
+        expected.extend((0..1000).map(|_| PyLabel {
+            function: "rec".into(),
+            file: "deep.py".into(),
+            line: lines["rec"],
+        }));
+        expected.push(PyLabel {
+            function: "rec".into(),
+            file: "deep.py".into(),
+            line: lines["rec_leaf"],
+        });
+        expected.push(PyLabel {
+            function: "leaf".into(),
+            file: "deep.py".into(),
+            line: lines["leaf"],
+        });
+        let (mut complete, mut truncated) = (0, 0);
+        for (stack, count) in &rec.stacks {
+            if is_truncated(stack) {
+                truncated += count;
+                continue;
+            }
+            let got: Vec<PyLabel> = labels(stack)
+                .into_iter()
+                .map(|l| l.expect("python frame"))
+                .collect();
+            assert_eq!(
+                got.len(),
+                expected.len(),
+                "{}: complete stack of {} frames",
+                interp.label,
+                got.len()
+            );
+            assert!(
+                got == expected,
+                "{}: complete stack differs from the recursion",
+                interp.label
+            );
+            complete += count;
+        }
+        let stats = rec
+            .stderr
+            .lines()
+            .find(|l| l.contains("stacks:"))
+            .unwrap_or("");
+        eprintln!(
+            "{}: {complete} complete, {truncated} truncated; {stats}",
+            interp.label
+        );
+        assert!(
+            complete >= 50,
+            "{}: only {complete} complete samples: {}",
+            interp.label,
+            rec.stderr
+        );
+        assert!(
+            complete >= 4 * truncated,
+            "{}: {truncated} of {} truncated",
+            interp.label,
+            complete + truncated
+        );
+    }
+}
+
+fn chain_mixing(rec: &tests::Recording) -> (u64, u64, u64) {
+    let (mut a, mut b, mut mixed) = (0, 0, 0);
+    for (stack, count) in &rec.stacks {
+        let names: Vec<String> = labels(stack)
+            .into_iter()
+            .flatten()
+            .map(|l| l.function)
+            .collect();
+        let has = |n: &str| names.iter().any(|f| f == n);
+        let side_a = has("chain_a") || has("branch_x");
+        let side_b = has("chain_b") || has("branch_y");
+        match (side_a, side_b) {
+            (true, true) => mixed += count,
+            (true, false) => a += count,
+            (false, true) => b += count,
+            _ => {}
+        }
+    }
+    (a, b, mixed)
+}
+
+/// Chains that alternate every ~2 ms at the same frame addresses are never mixed in one stack,
+/// whether the kernel records them whole (shallow) or userspace completes them (300 deep).
+#[test]
+fn alternating_chains_never_mix() {
+    let interps = interpreters_logged();
+    let picked: Vec<&Interpreter> = [11, 14, 15]
+        .iter()
+        .filter_map(|m| interps.iter().find(|i| i.minor() == *m))
+        .collect();
+    for interp in picked {
+        for depth in ["0", "300"] {
+            let workload = Workload::start(interp, "alternate.py", &[depth]);
+            let pid = workload.pid().to_string();
+            let rec = record(&["-p", &pid, "-d", "5", "-r", "2500"]);
+            drop(workload);
+            assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
+            let (a, b, mixed) = chain_mixing(&rec);
+            let stats = rec
+                .stderr
+                .lines()
+                .find(|l| l.contains("stacks:"))
+                .unwrap_or("");
+            eprintln!(
+                "{} depth {depth}: chain_a {a}, chain_b {b}, mixed {mixed}; {stats}",
+                interp.label
+            );
+            assert_eq!(
+                mixed, 0,
+                "{} depth {depth}: {mixed} stacks hold both chains",
+                interp.label
+            );
+            assert!(
+                a >= 200 && b >= 200,
+                "{} depth {depth}: chain_a {a}, chain_b {b}",
+                interp.label
+            );
+            if depth == "0" {
+                assert!(a + b >= 5000, "{}: only {} samples", interp.label, a + b);
+            }
+        }
+    }
+}
+
+/// A generator's frame sits between its consumer and the work it calls; an awaited coroutine
+/// between the coroutine awaiting it and its work.
+#[test]
+fn generator_and_coroutine_frames_are_in_place() {
+    let lines = marker_lines("generators.py");
+    for interp in &interpreters_logged() {
+        for (mode, outer, inner) in [("gen", "consume", "produce"), ("async", "main", "compute")] {
+            let workload = Workload::start(interp, "generators.py", &[mode]);
+            let pid = workload.pid().to_string();
+            let rec = record(&["-p", &pid, "-d", "2"]);
+            drop(workload);
+            assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
+            let (mut good, mut work_total) = (0, 0);
+            for (stack, count) in &rec.stacks {
+                let ls: Vec<PyLabel> = labels(stack).into_iter().flatten().collect();
+                if ls.last().map(|l| l.function.as_str()) != Some("work") {
+                    continue;
+                }
+                work_total += count;
+                let n = ls.len();
+                if n >= 3
+                    && ls[n - 2].function == inner
+                    && ls[n - 2].line == lines[inner]
+                    && ls[n - 3].function == outer
+                    && ls[n - 3].line == lines[outer]
+                {
+                    good += count;
+                }
+            }
+            eprintln!(
+                "{} {mode}: {good}/{work_total} samples in work() under {outer} → {inner}",
+                interp.label
+            );
+            assert!(
+                work_total >= 50,
+                "{} {mode}: {work_total} samples in work(): {:#?}",
+                interp.label,
+                rec.stacks
+            );
+            assert!(
+                good as f64 >= 0.95 * work_total as f64,
+                "{} {mode}: {good}/{work_total}: {:#?}",
+                interp.label,
+                rec.stacks
+            );
+        }
+    }
+}
+
+/// Fresh code objects compiled in a loop reuse freed ones' addresses; every sample still names
+/// the function that ran, so no name absorbs the samples of the ones after it.
+#[test]
+fn replaced_code_objects_never_show_the_old_name() {
+    for interp in &interpreters_logged() {
+        let rec = record_command(
+            interp,
+            "exec_loop.py",
+            &["400"],
+            &["-r", "1000", "-d", "120"],
+        );
+        assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
+        let distinct: usize = rec
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("distinct "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("exec_loop printed its address count");
+        let mut per: HashMap<String, u64> = HashMap::new();
+        for (stack, count) in &rec.stacks {
+            if let Some(l) = stack.last().and_then(|f| parse_label(f)) {
+                if l.function.starts_with("fn_") {
+                    *per.entry(l.function).or_default() += count;
+                }
+            }
+        }
+        let mut counts: Vec<u64> = per.values().copied().collect();
+        counts.sort();
+        let median = counts.get(counts.len() / 2).copied().unwrap_or(0);
+        let max = counts.last().copied().unwrap_or(0);
+        eprintln!(
+            "{}: {} code addresses for 400 functions; {} names sampled, median {median}, max {max}",
+            interp.label,
+            distinct,
+            per.len()
+        );
+        assert!(
+            distinct <= 100,
+            "{}: addresses were not reused ({distinct}), the test proves nothing",
+            interp.label
+        );
+        assert!(
+            per.len() >= 280,
+            "{}: only {} of 400 functions seen",
+            interp.label,
+            per.len()
+        );
+        assert!(
+            max <= 6 * median.max(1),
+            "{}: one name got {max} samples (median {median}): stale names",
+            interp.label
+        );
+    }
+}
