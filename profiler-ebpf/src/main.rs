@@ -5,9 +5,9 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
-mod sampler;
-#[cfg(target_arch = "bpf")]
 mod lifecycle;
+#[cfg(target_arch = "bpf")]
+mod sampler;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -1,6 +1,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
+    bindings::bpf_pidns_info,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
         bpf_probe_read_user_buf,
@@ -8,7 +9,6 @@ use aya_ebpf::{
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-    bindings::bpf_pidns_info,
     programs::PerfEventContext,
 };
 use profiler_common::{

@@ -86,7 +86,9 @@ impl Completer {
         layout: &PyLayout,
         header: &SampleHeader,
     ) -> Option<Arc<[FrameRecord]>> {
-        if header.flags & (SAMPLE_DEEP_INCOMPLETE | SAMPLE_READ_ERROR) != 0 || header.next_frame == 0 {
+        if header.flags & (SAMPLE_DEEP_INCOMPLETE | SAMPLE_READ_ERROR) != 0
+            || header.next_frame == 0
+        {
             self.stats.truncated += 1;
             return None;
         }
@@ -135,31 +137,50 @@ impl Completer {
         mem.read_vec(addr, len).map_err(|e| e.to_string())
     }
 
-    fn read_chunks(&mut self, mem: &ProcessMemory, layout: &PyLayout, first: u64) -> Result<Vec<Chunk>, String> {
+    fn read_chunks(
+        &mut self,
+        mem: &ProcessMemory,
+        layout: &PyLayout,
+        first: u64,
+    ) -> Result<Vec<Chunk>, String> {
         let mut chunks = Vec::new();
         let mut total = 0u64;
         let mut addr = first;
         while addr != 0 && chunks.len() < MAX_CHUNKS {
             self.stats.reads += 1;
-            let mut bytes = mem.read_upto(addr, CHUNK_FIRST_READ).map_err(|e| e.to_string())?;
-            let size = bytes.u64_at(layout.chunk.size as usize).ok_or("short chunk header")?;
+            let mut bytes = mem
+                .read_upto(addr, CHUNK_FIRST_READ)
+                .map_err(|e| e.to_string())?;
+            let size = bytes
+                .u64_at(layout.chunk.size as usize)
+                .ok_or("short chunk header")?;
             total += size;
             if size < layout.chunk.data as u64 || total > MAX_CHUNK_BYTES {
-                return Err(format!("implausible stack chunk of {size} bytes at {addr:#x}"));
+                return Err(format!(
+                    "implausible stack chunk of {size} bytes at {addr:#x}"
+                ));
             }
             if size as usize > bytes.len() {
-                let rest = self.read(mem, addr + bytes.len() as u64, size as usize - bytes.len())?;
+                let rest =
+                    self.read(mem, addr + bytes.len() as u64, size as usize - bytes.len())?;
                 bytes.extend_from_slice(&rest);
             }
             bytes.truncate(size as usize);
-            let previous = bytes.u64_at(layout.chunk.previous as usize).ok_or("short chunk header")?;
+            let previous = bytes
+                .u64_at(layout.chunk.previous as usize)
+                .ok_or("short chunk header")?;
             chunks.push(Chunk { addr, bytes });
             addr = previous;
         }
         Ok(chunks)
     }
 
-    fn walk(&mut self, mem: &ProcessMemory, layout: &PyLayout, header: &SampleHeader) -> Result<Vec<FrameRecord>, String> {
+    fn walk(
+        &mut self,
+        mem: &ProcessMemory,
+        layout: &PyLayout,
+        header: &SampleHeader,
+    ) -> Result<Vec<FrameRecord>, String> {
         let chunks = self.read_chunks(mem, layout, header.datastack_chunk)?;
         let k = &layout.kernel;
         let data_start = layout.chunk.data as u64;
@@ -175,7 +196,8 @@ impl Completer {
             let copied = chunks.iter().find_map(|c| {
                 let start = frame.checked_sub(c.addr)?;
                 let end = start + FRAME_HEADER_BYTES as u64;
-                (start >= data_start && end <= c.bytes.len() as u64).then(|| &c.bytes[start as usize..end as usize])
+                (start >= data_start && end <= c.bytes.len() as u64)
+                    .then(|| &c.bytes[start as usize..end as usize])
             });
             let owned;
             let bytes = match copied {

@@ -220,7 +220,8 @@ impl Session {
             .map(bytemuck::pod_read_unaligned::<FrameRecord>);
         let mut truncated = header.flags & SAMPLE_TRUNCATED != 0;
         let tail = if truncated {
-            self.completer.complete(header.pid, header.tid, &proc.layout, &header)
+            self.completer
+                .complete(header.pid, header.tid, &proc.layout, &header)
         } else {
             self.completer.kernel_complete();
             None
@@ -232,7 +233,9 @@ impl Session {
                 // A shim frame (C-stack entry, interpreter-owned): not Python code.
                 continue;
             }
-            let code = self.symbols.code(header.pid, &proc.layout, rec.code, rec.tag);
+            let code = self
+                .symbols
+                .code(header.pid, &proc.layout, rec.code, rec.tag);
             let line = code
                 .as_ref()
                 .map(|c| c.line_at_instr(&proc.layout, rec.code, rec.instr))
@@ -323,7 +326,10 @@ impl Session {
             log::debug!("pid {pid} exited before it could be inspected");
             return Attempt::Gone;
         };
-        if !maps.lines().any(|l| l.rsplit('/').next().is_some_and(|b| b.contains("python"))) {
+        if !maps
+            .lines()
+            .any(|l| l.rsplit('/').next().is_some_and(|b| b.contains("python")))
+        {
             return Attempt::NotYet;
         }
         let last = self.lifecycle.last_attempt(pid);

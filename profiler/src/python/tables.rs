@@ -37,7 +37,8 @@ pub(crate) fn code_tag_offset(code: &CodeLayout) -> u16 {
     let fields = [code.filename, code.name, code.qualname, code.linetable];
     let hi = fields.iter().copied().max().unwrap_or(code.filename) + 8;
     // Never before the object header (refcount, type, size).
-    hi.saturating_sub(profiler_common::CODE_TAG_BYTES as u16).max(24)
+    hi.saturating_sub(profiler_common::CODE_TAG_BYTES as u16)
+        .max(24)
 }
 
 /// The layout of a CPython 3.11 or 3.12 build, or `None` for any other minor.
