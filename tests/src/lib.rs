@@ -24,32 +24,29 @@ impl Interpreter {
     /// A command running `script` (a host path) with `args`. Under a chroot the script is
     /// copied into `<root>/tmp/pyebpf-tests/` first, and that in-root path is what Python sees.
     pub fn command(&self, script: &Path, args: &[&str]) -> Command {
-        let script_arg = self.stage(script);
-        let mut cmd = match &self.root {
-            Some(root) => {
-                let mut cmd = Command::new("chroot");
-                cmd.arg(root).arg(&self.exe);
-                cmd
-            }
-            None => Command::new(&self.exe),
-        };
-        cmd.arg(script_arg).args(args);
+        let mut cmd = self.python();
+        cmd.arg(self.stage(script)).args(args);
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
         cmd
     }
 
     /// A command running `python -c code`.
     pub fn command_c(&self, code: &str) -> Command {
-        let mut cmd = match &self.root {
+        let mut cmd = self.python();
+        cmd.arg("-c").arg(code);
+        cmd
+    }
+
+    /// The interpreter itself, entered through its chroot when it has one.
+    fn python(&self) -> Command {
+        match &self.root {
             Some(root) => {
                 let mut cmd = Command::new("chroot");
                 cmd.arg(root).arg(&self.exe);
                 cmd
             }
             None => Command::new(&self.exe),
-        };
-        cmd.arg("-c").arg(code);
-        cmd
+        }
     }
 
     /// Makes `script` reachable by the interpreter; returns the path it should be given.
@@ -273,6 +270,18 @@ pub struct Recording {
 impl Recording {
     pub fn total(&self) -> u64 {
         self.stacks.iter().map(|(_, c)| c).sum()
+    }
+
+    /// Samples whose stack holds a Python frame of `function`.
+    pub fn samples_in(&self, function: &str) -> u64 {
+        self.stacks
+            .iter()
+            .filter(|(s, _)| {
+                s.iter()
+                    .any(|f| parse_label(f).is_some_and(|l| l.function == function))
+            })
+            .map(|(_, c)| c)
+            .sum()
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use tests::{interpreters_logged, parse_label, pyebpf_bin, record, Workload};
+use tests::{interpreters_logged, pyebpf_bin, record, Workload};
 
 fn one_line_error(stderr: &str) -> &str {
     let errors: Vec<&str> = stderr
@@ -121,15 +121,7 @@ fn target_exit_during_recording_keeps_samples() {
         started.elapsed().as_secs() < 20,
         "recording did not stop when its target exited"
     );
-    let work: u64 = rec
-        .stacks
-        .iter()
-        .filter(|(s, _)| {
-            s.iter()
-                .any(|f| parse_label(f).is_some_and(|l| l.function == "work"))
-        })
-        .map(|(_, c)| c)
-        .sum();
+    let work = rec.samples_in("work");
     assert!(work >= 50, "{work} samples in work(): {}", rec.stderr);
     drop(workload);
 }

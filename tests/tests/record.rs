@@ -195,15 +195,7 @@ fn command_mode_profiles_and_propagates_exit_code() {
             interp.label,
             rec.stderr
         );
-        let work: u64 = rec
-            .stacks
-            .iter()
-            .filter(|(s, _)| {
-                s.iter()
-                    .any(|f| parse_label(f).is_some_and(|l| l.function == "work"))
-            })
-            .map(|(_, c)| c)
-            .sum();
+        let work = rec.samples_in("work");
         assert!(
             work >= 50,
             "{}: {work} samples in work(): {}",
