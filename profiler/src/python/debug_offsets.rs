@@ -896,7 +896,7 @@ mod tests {
         assert_eq!((l.thread.thread_id, l.thread.interp), (176, 16));
         assert_eq!(
             (k.frame_owner, k.skip_owner_mask, k.code_tag_offset),
-            (74, 0b1000, 112)
+            (74, 0b1000, 88)
         );
         assert_eq!(
             (l.tp_name, l.unicode.ascii_data, l.unicode.compact_data),
