@@ -27,6 +27,17 @@ pub const CODE_TAG_BYTES: usize = 56;
 
 /// `PyOffsets::flags`: the thread's current frame sits behind `tstate->cframe` (3.11, 3.12).
 pub const LAYOUT_CFRAME: u32 = 1 << 0;
+/// `PyOffsets::flags`: the GIL state (`struct _gil_runtime_state`) is at `gil_offset` in
+/// `_PyRuntime` (3.11).
+pub const LAYOUT_GIL_RUNTIME: u32 = 1 << 1;
+/// `PyOffsets::flags`: the GIL state is at `gil_offset` in the thread's interpreter state
+/// (`tstate->interp`, 3.12+).
+pub const LAYOUT_GIL_INTERP: u32 = 1 << 2;
+/// `PyOffsets::flags`: the word at `gil_offset` is a pointer to the GIL state rather than the
+/// state itself (`interp->ceval.gil`, which a subinterpreter may share with the main one).
+pub const LAYOUT_GIL_INDIRECT: u32 = 1 << 3;
+/// Both GIL bases: neither set means the build exposes no GIL (or `--gil` is off).
+pub const LAYOUT_GIL_MASK: u32 = LAYOUT_GIL_RUNTIME | LAYOUT_GIL_INTERP;
 
 /// Offsets and constants of one CPython build, as the kernel walk needs them.
 ///
@@ -75,6 +86,15 @@ pub struct PyOffsets {
     pub skip_owner_mask: u32,
     /// See `tag_deref_ptr`.
     pub tag_deref_field: u16,
+    /// `PyThreadState.interp` (the GIL's base with [`LAYOUT_GIL_INTERP`]).
+    pub tstate_interp: u16,
+    /// Where the GIL state (or, with [`LAYOUT_GIL_INDIRECT`], a pointer to it) sits in its base
+    /// (`LAYOUT_GIL_RUNTIME` / `LAYOUT_GIL_INTERP`).
+    pub gil_offset: u16,
+    /// `_gil_runtime_state.locked` (a C int).
+    pub gil_locked: u16,
+    /// `_gil_runtime_state.last_holder` (a `PyThreadState *`).
+    pub gil_last_holder: u16,
     pub _pad1: u16,
 }
 
@@ -103,6 +123,9 @@ pub const SAMPLE_TSTATE_CACHED: u16 = 1 << 2;
 /// `SampleHeader::flags`: the stack is deeper than `MAX_FRAMES + MAX_DEEP_FRAMES`, or a deep
 /// frame could not be read: `deep_hash` does not cover the whole stack.
 pub const SAMPLE_DEEP_INCOMPLETE: u16 = 1 << 3;
+/// `SampleHeader::flags`: the sampled thread held the GIL (`locked && last_holder == tstate`).
+/// Only computed when the layout locates the GIL (`LAYOUT_GIL_MASK`).
+pub const SAMPLE_HOLDS_GIL: u16 = 1 << 4;
 
 /// One interpreter frame as seen in the kernel.
 #[repr(C)]

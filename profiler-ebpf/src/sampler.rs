@@ -13,9 +13,10 @@ use aya_ebpf::{
 };
 use profiler_common::{
     fold_frame, fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader,
-    CODE_TAG_BYTES, FRAME_HEADER_BYTES, LAYOUT_CFRAME, MAX_DEEP_FRAMES, MAX_FRAMES,
-    MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS, MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE,
-    SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
+    CODE_TAG_BYTES, FRAME_HEADER_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP,
+    LAYOUT_GIL_MASK, MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS,
+    MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR,
+    SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
 };
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
@@ -84,6 +85,11 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         return 0;
     }
     let datastack_chunk = read_u64(tstate + layout.tstate_datastack_chunk as u64).unwrap_or(0);
+    let gil = if holds_gil(tstate, proc, layout) {
+        SAMPLE_HOLDS_GIL
+    } else {
+        0
+    };
     // The walk writes frames into SCRATCH itself; the header is filled in afterwards.
     let (nframes, next_frame, flags) = walk(frame, proc.layout);
     if nframes == 0 {
@@ -117,12 +123,42 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         pid,
         tid,
         cpu: unsafe { bpf_get_smp_processor_id() },
-        flags: flags | if cached { SAMPLE_TSTATE_CACHED } else { 0 },
+        flags: flags | gil | if cached { SAMPLE_TSTATE_CACHED } else { 0 },
         nframes: nframes as u16,
         _pad0: 0,
     };
     emit(sample, nframes);
     0
+}
+
+/// Whether `tstate` holds its interpreter's GIL: `locked != 0 && last_holder == tstate`, with
+/// the GIL state found as the layout says (in `_PyRuntime`, or in / behind `tstate->interp`).
+/// False when the layout locates no GIL (the build has none, or `--gil` is off).
+#[inline(always)]
+fn holds_gil(tstate: u64, proc: &ProcInfo, layout: &PyOffsets) -> bool {
+    if layout.flags & LAYOUT_GIL_MASK == 0 {
+        return false;
+    }
+    let base = if layout.flags & LAYOUT_GIL_INTERP != 0 {
+        match read_u64(tstate + layout.tstate_interp as u64) {
+            Some(interp) if interp != 0 => interp,
+            _ => return false,
+        }
+    } else {
+        proc.runtime
+    };
+    let mut gil = base + layout.gil_offset as u64;
+    if layout.flags & LAYOUT_GIL_INDIRECT != 0 {
+        match read_u64(gil) {
+            Some(ptr) if ptr != 0 => gil = ptr,
+            _ => return false,
+        }
+    }
+    let locked = unsafe { bpf_probe_read_user((gil + layout.gil_locked as u64) as *const u32) };
+    if !matches!(locked, Ok(l) if l != 0) {
+        return false;
+    }
+    read_u64(gil + layout.gil_last_holder as u64) == Some(tstate)
 }
 
 /// The thread id as the process itself sees it (`gettid()` in its own pid namespace), which

@@ -24,6 +24,10 @@ const FRAME_HEADER_BYTES: usize = 96;
 const CODE_TAG_BYTES: u64 = 56;
 /// `profiler_common::LAYOUT_CFRAME`.
 const LAYOUT_CFRAME: u32 = 1;
+/// `profiler_common::LAYOUT_GIL_RUNTIME`, `LAYOUT_GIL_INTERP`, `LAYOUT_GIL_INDIRECT`.
+const LAYOUT_GIL_RUNTIME: u32 = 1 << 1;
+const LAYOUT_GIL_INTERP: u32 = 1 << 2;
+const LAYOUT_GIL_INDIRECT: u32 = 1 << 3;
 /// Frames walked at most (the probe's stack is ~310 deep).
 const MAX_WALK: usize = 5000;
 /// Frame-owner codes that are Python code in every version (THREAD, GENERATOR, FRAME_OBJECT).
@@ -70,6 +74,10 @@ enum View {
     Stack,
     /// The thread's current frame: only what was copied at the snapshot instant.
     Snapshot,
+    /// Runtime and interpreter states copied while the main thread held the GIL.
+    GilHeld,
+    /// The same, copied while no thread held it.
+    GilReleased,
 }
 
 /// The dumped memory, each region tagged with the probe's phase.
@@ -100,6 +108,8 @@ impl Memory {
             View::Any => &[&["snapshot", "stack", "late"]],
             View::Stack => &[&["stack"], &["snapshot"]],
             View::Snapshot => &[&["snapshot"]],
+            View::GilHeld => &[&["gil_held"]],
+            View::GilReleased => &[&["gil_released"]],
         };
         for allowed in phases {
             for (start, data, phase) in &self.regions {
@@ -363,6 +373,53 @@ fn check_interpreters(p: &Probe, l: &PyLayout) -> Check {
     ))
 }
 
+/// The kernel's GIL test (`locked != 0 && last_holder == tstate`, the GIL state found as the
+/// layout says) on the copies taken with the GIL held by the main thread and released.
+fn check_gil(p: &Probe, l: &PyLayout) -> Check {
+    let k = &l.kernel;
+    let tstate = p.addr("tstate")?;
+    let worker = num(&p.json["worker"]["tstate"], "worker tstate")?;
+    let holds = |view: View, t: u64| -> Result<(bool, u64, u32), String> {
+        let u64_at = |a: u64| p.mem.u64_in(a, view);
+        let base = if k.flags & LAYOUT_GIL_INTERP != 0 {
+            p.mem.u64(t + u64::from(k.tstate_interp))?
+        } else if k.flags & LAYOUT_GIL_RUNTIME != 0 {
+            p.addr("runtime")?
+        } else {
+            return Err("the layout locates no GIL".into());
+        };
+        let mut gil = base + u64::from(k.gil_offset);
+        if k.flags & LAYOUT_GIL_INDIRECT != 0 {
+            gil = u64_at(gil)?;
+        }
+        let locked = p.mem.read_in(gil + u64::from(k.gil_locked), 4, view)?;
+        let locked = u32::from_le_bytes(locked.try_into().unwrap());
+        let holder = u64_at(gil + u64::from(k.gil_last_holder))?;
+        Ok((locked != 0 && holder == t, holder, locked))
+    };
+    let (main_held, holder, locked) = holds(View::GilHeld, tstate)?;
+    ensure(main_held, || {
+        format!("GIL held by the main thread: locked {locked}, last_holder {holder:#x}, main tstate {tstate:#x}")
+    })?;
+    let (worker_held, ..) = holds(View::GilHeld, worker)?;
+    ensure(!worker_held, || {
+        "the blocked worker appears to hold the GIL".into()
+    })?;
+    let (released, holder, locked) = holds(View::GilReleased, tstate)?;
+    ensure(!released && locked == 0 && holder == tstate, || {
+        format!("GIL released: locked {locked}, last_holder {holder:#x} (expected 0, {tstate:#x})")
+    })?;
+    if k.flags & LAYOUT_GIL_INTERP != 0 {
+        let interp = p.mem.u64(tstate + u64::from(k.tstate_interp))?;
+        ensure(interp == p.addr("main_interp")?, || {
+            format!("tstate->interp {interp:#x} is not the main interpreter")
+        })?;
+    }
+    Ok(format!(
+        "main thread holds the GIL (locked, last_holder), blocked worker does not; released: locked 0"
+    ))
+}
+
 fn check_threads(p: &Probe, l: &PyLayout) -> Check {
     let k = &l.kernel;
     let mut total = 0;
@@ -384,10 +441,12 @@ fn check_threads(p: &Probe, l: &PyLayout) -> Check {
             format!("threads of {interp:#x} via layout {walked:x?}, via C API {api:x?}")
         })?;
         for &t in &walked {
-            let owner = p.mem.u64(t + u64::from(l.thread.interp))?;
-            ensure(owner == interp, || {
-                format!("tstate {t:#x}: interp field {owner:#x} != {interp:#x}")
-            })?;
+            for field in [l.thread.interp, k.tstate_interp] {
+                let owner = p.mem.u64(t + u64::from(field))?;
+                ensure(owner == interp, || {
+                    format!("tstate {t:#x}: interp field at {field}: {owner:#x} != {interp:#x}")
+                })?;
+            }
         }
         total += walked.len();
     }
@@ -858,7 +917,7 @@ fn summary(l: &PyLayout) -> String {
         "head={} interp.next={} threads={} ts.next={} native_id={} thread_id={} ts.interp={} cur={}{} chunk={} \
          frame prev={} exec={} instr={} owner={} localsplus={} mask={:#x} skip={:#b} tag={} \
          code fn={} name={} qn={} lt={} first={} adaptive={} bytes {}/{} str len={} state={} ascii={} compact={} \
-         bits k{}/c{}/a{} ob_type={} tp_name={}",
+         bits k{}/c{}/a{} ob_type={} tp_name={} ts.interp={} gil={}{}{}+{} locked={} holder={}",
         k.runtime_interpreters_head,
         k.interp_next,
         k.interp_threads_head,
@@ -894,12 +953,19 @@ fn summary(l: &PyLayout) -> String {
         l.unicode.ascii_bit,
         l.ob_type,
         l.tp_name,
+        k.tstate_interp,
+        if k.flags & LAYOUT_GIL_RUNTIME != 0 { "runtime" } else { "" },
+        if k.flags & LAYOUT_GIL_INTERP != 0 { "interp" } else { "" },
+        if k.flags & LAYOUT_GIL_INDIRECT != 0 { "->" } else { "" },
+        k.gil_offset,
+        k.gil_locked,
+        k.gil_last_holder,
     )
 }
 
 type CheckFn = fn(&Probe, &PyLayout) -> Check;
 
-const CHECKS: [(&str, CheckFn); 8] = [
+const CHECKS: [(&str, CheckFn); 9] = [
     ("interpreters", check_interpreters),
     ("threads", check_threads),
     ("thread ids", check_thread_ids),
@@ -908,6 +974,7 @@ const CHECKS: [(&str, CheckFn); 8] = [
     ("code objects", check_code_objects),
     ("strings/types", check_strings_and_types),
     ("stack chunks", check_chunks),
+    ("gil", check_gil),
 ];
 
 /// Mutable references to every offset of a layout, by name.
@@ -951,6 +1018,10 @@ fn offsets_of(l: &mut PyLayout) -> Vec<(&'static str, &mut u16)> {
         ("ob_type", &mut l.ob_type),
         ("tp_name", &mut l.tp_name),
         ("frame_localsplus", &mut l.frame_localsplus),
+        ("tstate_interp", &mut k.tstate_interp),
+        ("gil_offset", &mut k.gil_offset),
+        ("gil_locked", &mut k.gil_locked),
+        ("gil_last_holder", &mut k.gil_last_holder),
     ]
 }
 
@@ -966,7 +1037,7 @@ fn mutation_coverage(p: &Probe, good: &PyLayout) -> (usize, Vec<String>, Vec<Str
         // Pointer-sized fields move by a word, byte-sized ones (owner) by one; both ways.
         let step = if *name == "frame_owner" {
             1
-        } else if *name == "code.firstlineno" || *name == "unicode.state" {
+        } else if *name == "code.firstlineno" || *name == "unicode.state" || *name == "gil_locked" {
             4
         } else {
             8
@@ -1000,6 +1071,17 @@ fn mutation_coverage(p: &Probe, good: &PyLayout) -> (usize, Vec<String>, Vec<Str
     let mut l = *good;
     l.kernel.flags ^= LAYOUT_CFRAME;
     mutants.push(("flags^CFRAME".into(), l));
+    for (name, bits) in [
+        ("flags^GIL_INDIRECT", LAYOUT_GIL_INDIRECT),
+        (
+            "flags^GIL_RUNTIME^GIL_INTERP",
+            LAYOUT_GIL_RUNTIME | LAYOUT_GIL_INTERP,
+        ),
+    ] {
+        let mut l = *good;
+        l.kernel.flags ^= bits;
+        mutants.push((name.into(), l));
+    }
     let mut skipped = Vec::new();
     if good.kernel.skip_owner_mask != 0 {
         let mut l = *good;

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 READ_SIZE = int(sys.argv[1])
 RECURSION = 300  # deep enough that the frames span more than one 16 KiB stack chunk
@@ -46,6 +47,11 @@ WRITE = libc.write
 WRITE.restype = ctypes.c_ssize_t
 WRITE.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
 PIPE_R, PIPE_W = os.pipe()
+# The same write(2) through PyDLL: ctypes keeps the GIL across the call, so what it copies
+# shows the GIL held by this thread (CDLL functions release it around the call).
+WRITE_HOLDING_GIL = ctypes.PyDLL(None).write
+WRITE_HOLDING_GIL.restype = ctypes.c_ssize_t
+WRITE_HOLDING_GIL.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
 
 RUNTIME = ctypes.addressof(ctypes.c_char.in_dll(api, "_PyRuntime"))
 
@@ -76,13 +82,27 @@ def record(addr, data, phase=None):
         REGIONS.append((addr, data, phase))
 
 
-def dump(addr, size):
+def dump(addr, size, write=WRITE):
     """Copies [addr, addr+size) (or its readable prefix) into the dump; returns the bytes."""
     if not addr or addr < 4096:
         return b""
-    data = drain(WRITE(PIPE_W, addr, size))
+    data = drain(write(PIPE_W, addr, size))
     record(addr, data)
     return data
+
+
+def dump_gil_states(interps):
+    """The runtime and interpreter states twice: copied while this thread holds the GIL
+    (phase "gil_held") and while nobody does (phase "gil_released": CDLL's write drops the GIL
+    and the worker thread is blocked, not waiting for it). The GIL state lives in one of them
+    (3.11: _PyRuntime; 3.12+: an interpreter state) in every GIL build."""
+    global PHASE
+    for phase, write in (("gil_held", WRITE_HOLDING_GIL), ("gil_released", WRITE)):
+        PHASE = phase
+        dump(RUNTIME, max(4096, READ_SIZE), write)
+        for interp in interps:
+            dump(interp, 16384, write)
+    PHASE = "late"
 
 
 def words(data, limit=None):
@@ -271,6 +291,10 @@ def run_probe():
             t = api.PyThreadState_Next(t)
         threads[str(interp)] = tlist
         interp = api.PyInterpreterState_Next(interp)
+
+    # Let the worker settle in stop.wait() (blocked, not asking for the GIL).
+    time.sleep(0.1)
+    dump_gil_states(interps)
 
     dead = make_dead_frame()
     dead_iframe = u64(id(dead) + 24)

@@ -10,7 +10,7 @@
 //! `_PyStackRef` tag bits, the unicode `state` bit positions, `_PyStackChunk`) comes from the
 //! small per-minor [`Facts`] next to the field list.
 
-use profiler_common::{PyOffsets, FRAME_HEADER_BYTES};
+use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
 use super::layout::{
     BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
@@ -608,6 +608,30 @@ fn validate(v: &Values) -> Result<(), DebugOffsetsError> {
     Ok(())
 }
 
+/// Where the GIL is: `interp->ceval.gil` points at the GIL state in use (the interpreter's own
+/// `_gil`, or the main interpreter's when shared); the struct gives `locked` and `last_holder`
+/// as offsets in the interpreter state, i.e. inside its embedded `_gil` at
+/// `gil_runtime_state`, from which their offsets inside any `_gil_runtime_state` follow.
+/// Returns (flags, gil_offset, locked, last_holder); no flags when the fields do not describe
+/// a GIL inside the interpreter state.
+fn gil(v: &Values) -> Result<(u32, u16, u16, u16), DebugOffsetsError> {
+    let size = v.get("interpreter_state", "size")?;
+    let pointer = v.get("interpreter_state", "ceval_gil")?;
+    let base = v.get("interpreter_state", "gil_runtime_state")?;
+    let locked = v.get("interpreter_state", "gil_runtime_state_locked")?;
+    let holder = v.get("interpreter_state", "gil_runtime_state_holder")?;
+    let inside = |at: u64, width: u64| at >= base && at + width <= size && at - base < 256;
+    if pointer + 8 > size || !inside(locked, 4) || !inside(holder, 8) || locked == holder {
+        return Ok((0, 0, 0, 0));
+    }
+    Ok((
+        LAYOUT_GIL_INTERP | LAYOUT_GIL_INDIRECT,
+        v.offset("interpreter_state", "ceval_gil")?,
+        (locked - base) as u16,
+        (holder - base) as u16,
+    ))
+}
+
 fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, DebugOffsetsError> {
     let code = CodeLayout {
         filename: v.offset("code_object", "filename")?,
@@ -622,6 +646,7 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         Ok(_) => v.offset("unicode_object", "compactunicodeobject_size")?,
         Err(_) => facts.compact_unicode_size,
     };
+    let (gil_flags, gil_offset, gil_locked, gil_last_holder) = gil(v)?;
     let kernel = PyOffsets {
         executable_mask: facts.executable_mask,
         runtime_interpreters_head: v.offset("runtime_state", "interpreters_head")?,
@@ -638,9 +663,13 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         frame_owner: v.offset("interpreter_frame", "owner")?,
         code_tag_offset: code_tag_offset(&code),
         tag_deref_ptr: 0,
-        flags: 0,
+        flags: gil_flags,
         skip_owner_mask: facts.skip_owner_mask,
         tag_deref_field: 0,
+        tstate_interp: v.offset("thread_state", "interp")?,
+        gil_offset,
+        gil_locked,
+        gil_last_holder,
         _pad1: 0,
     };
     Ok(PyLayout {
@@ -860,10 +889,7 @@ mod tests {
             ),
             (8, 0, 56, 74)
         );
-        assert_eq!(
-            (k.skip_owner_mask, k.executable_mask, k.flags),
-            (0b11000, !3, 0)
-        );
+        assert_eq!((k.skip_owner_mask, k.executable_mask), (0b11000, !3));
         assert_eq!(
             (
                 l.code.code_adaptive,
@@ -871,6 +897,17 @@ mod tests {
                 l.unicode.compact_data
             ),
             (208, 80, 56)
+        );
+
+        assert_eq!(
+            (
+                k.flags,
+                k.gil_offset,
+                k.gil_locked,
+                k.gil_last_holder,
+                k.tstate_interp
+            ),
+            (LAYOUT_GIL_INTERP | LAYOUT_GIL_INDIRECT, 16, 16, 8, 16)
         );
 
         let l = parse(&real(SID_3_15_2)).unwrap();
@@ -898,6 +935,7 @@ mod tests {
             (k.frame_owner, k.skip_owner_mask, k.code_tag_offset),
             (74, 0b1000, 88)
         );
+        assert_eq!((k.gil_offset, k.gil_locked, k.gil_last_holder), (16, 16, 8));
         assert_eq!(
             (l.tp_name, l.unicode.ascii_data, l.unicode.compact_data),
             (24, 40, 56)

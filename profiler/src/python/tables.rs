@@ -6,7 +6,9 @@
 //! GIL, and is checked against live interpreters by `tests/tests/layouts.rs`.
 //! Internal structs of a released minor do not change between micro versions.
 
-use profiler_common::{PyOffsets, LAYOUT_CFRAME};
+use profiler_common::{
+    PyOffsets, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP, LAYOUT_GIL_RUNTIME,
+};
 
 use super::layout::{
     BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
@@ -28,6 +30,11 @@ pub(crate) const STACK_CHUNK: ChunkLayout = ChunkLayout {
     top: 16,
     data: 24,
 };
+
+/// `struct _gil_runtime_state` { interval (unsigned long, 0); last_holder (8); locked (int, 16);
+/// switch_number; cond; mutex; ... } — the same in 3.11 and 3.12 GIL builds.
+const GIL_LAST_HOLDER: u16 = 8;
+const GIL_LOCKED: u16 = 16;
 
 /// Start of the code-object window folded into a frame's tag: it ends with `co_linetable` and
 /// reaches back over `co_filename`, `co_name`, `co_qualname` and, from 3.12 on, `co_version`
@@ -97,9 +104,15 @@ fn layout_311(version: PyVersion) -> PyLayout {
             // 3.11 code objects carry no creation counter: fold in co_qualname's hash
             // (PyASCIIObject.hash at 24).
             tag_deref_ptr: code.qualname,
-            flags: LAYOUT_CFRAME,
+            flags: LAYOUT_CFRAME | LAYOUT_GIL_RUNTIME,
             skip_owner_mask: SKIP_OWNERS_311,
             tag_deref_field: 24,
+            tstate_interp: 16,
+            // One GIL per process, embedded in the runtime: _PyRuntimeState.ceval
+            // (struct _ceval_runtime_state { signals_pending; gil }) .gil at 360.
+            gil_offset: 360,
+            gil_locked: GIL_LOCKED,
+            gil_last_holder: GIL_LAST_HOLDER,
             _pad1: 0,
         },
         code,
@@ -174,9 +187,16 @@ fn layout_312(version: PyVersion) -> PyLayout {
             frame_owner: 70,
             code_tag_offset: code_tag_offset(&code),
             tag_deref_ptr: 0,
-            flags: LAYOUT_CFRAME,
+            // PyInterpreterState.ceval (struct _ceval_state) .gil: a pointer to the GIL in use,
+            // the interpreter's own `_gil` (at 1040) or, for a subinterpreter sharing it, the
+            // main interpreter's.
+            flags: LAYOUT_CFRAME | LAYOUT_GIL_INTERP | LAYOUT_GIL_INDIRECT,
             skip_owner_mask: SKIP_OWNERS_312,
             tag_deref_field: 0,
+            tstate_interp: 16,
+            gil_offset: 384,
+            gil_locked: GIL_LOCKED,
+            gil_last_holder: GIL_LAST_HOLDER,
             _pad1: 0,
         },
         code,
