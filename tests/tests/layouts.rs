@@ -415,9 +415,10 @@ fn check_gil(p: &Probe, l: &PyLayout) -> Check {
             format!("tstate->interp {interp:#x} is not the main interpreter")
         })?;
     }
-    Ok(format!(
+    Ok(
         "main thread holds the GIL (locked, last_holder), blocked worker does not; released: locked 0"
-    ))
+            .to_string(),
+    )
 }
 
 fn check_threads(p: &Probe, l: &PyLayout) -> Check {
