@@ -122,6 +122,6 @@ fn target_exit_during_recording_keeps_samples() {
         "recording did not stop when its target exited"
     );
     let work = rec.samples_in("work");
-    assert!(work >= 50, "{work} samples in work(): {}", rec.stderr);
+    assert!(work >= 20, "{work} samples in work(): {}", rec.stderr);
     drop(workload);
 }

@@ -73,7 +73,7 @@ fn cpu_split_is_measured_within_five_points() {
     for interp in &interpreters_logged() {
         let workload = Workload::start(interp, "split.py", &[]);
         let pid = workload.pid().to_string();
-        let rec = record(&["-p", &pid, "-d", "3", "-r", "1000"]);
+        let rec = record(&["-p", &pid, "-d", "5", "-r", "1000"]);
         drop(workload);
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let mut per: HashMap<&str, u64> = HashMap::new();
