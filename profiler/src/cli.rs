@@ -57,6 +57,19 @@ pub struct RecordArgs {
     /// Split stacks by thread (adds a `thread <tid> (<name>)` frame).
     #[arg(long)]
     pub threads: bool,
+    /// Also sample threads that are off-CPU (sleeping, waiting for I/O, a lock or the GIL).
+    /// Their stacks are read from each interpreter's thread list several times a second and
+    /// count once per sampling period the thread was not on a CPU, so every thread gets about
+    /// rate × seconds samples whether it ran or waited. Off-CPU stacks end in an `<idle>`
+    /// frame, so in a flame graph waiting sits on top of the function that waits, next to its
+    /// CPU time.
+    #[arg(long)]
+    pub idle: bool,
+    /// Keep only samples whose thread holds the GIL: threads running C code that released it
+    /// (hashing, compression, I/O) or waiting for it are left out. Builds that do not expose
+    /// their GIL are named in a warning.
+    #[arg(long)]
+    pub gil: bool,
     /// Also write the recording's counters (samples, errors, drops, kernel and userspace
     /// costs) as JSON to this file, for scripts and benchmarks.
     #[arg(long, value_name = "FILE")]

@@ -132,22 +132,66 @@ impl Completer {
         self.tails.len()
     }
 
-    fn read(&mut self, mem: &ProcessMemory, addr: u64, len: usize) -> Result<Vec<u8>, String> {
-        self.stats.reads += 1;
-        mem.read_vec(addr, len).map_err(|e| e.to_string())
-    }
-
-    fn read_chunks(
+    fn walk(
         &mut self,
         mem: &ProcessMemory,
         layout: &PyLayout,
+        header: &SampleHeader,
+    ) -> Result<Vec<FrameRecord>, String> {
+        let reads = &mut self.stats.reads;
+        let stack = StackCopy::read(mem, layout, header.datastack_chunk, reads)?;
+        let mut walked = stack.walk(mem, layout, header.next_frame, header.deep_frames, reads)?;
+        if !walked.complete {
+            return Err("the stack is deeper than at sample time".into());
+        }
+        if walked.count != header.deep_frames || walked.hash != header.deep_hash {
+            self.stats.changed += 1;
+            return Err(format!(
+                "the stack changed since the sample ({} frames vs {} at sample time)",
+                walked.count, header.deep_frames
+            ));
+        }
+        tag_frames(mem, layout, &mut walked.frames, reads)?;
+        Ok(walked.frames)
+    }
+}
+
+/// Copies of one thread's stack chunks (`_PyStackChunk`s, newest first), so a walk over
+/// thousands of frames costs a handful of reads.
+pub(crate) struct StackCopy {
+    chunks: Vec<Chunk>,
+}
+
+/// A frame chain walked by [`StackCopy::walk`].
+pub(crate) struct WalkedStack {
+    /// Python frames, leaf first, with `tag` 0 (see [`tag_frames`]).
+    pub frames: Vec<FrameRecord>,
+    /// Frames visited, shims included.
+    pub count: u32,
+    /// [`fold_frame`] over every frame visited, as the kernel computes `deep_hash`.
+    pub hash: u64,
+    /// The walk reached the bottom of the stack (else it stopped at `max_frames`).
+    pub complete: bool,
+}
+
+fn read(mem: &ProcessMemory, addr: u64, len: usize, reads: &mut u64) -> Result<Vec<u8>, String> {
+    *reads += 1;
+    mem.read_vec(addr, len).map_err(|e| e.to_string())
+}
+
+impl StackCopy {
+    /// Copies the chunk list starting at `first` (a thread state's `datastack_chunk`).
+    pub(crate) fn read(
+        mem: &ProcessMemory,
+        layout: &PyLayout,
         first: u64,
-    ) -> Result<Vec<Chunk>, String> {
+        reads: &mut u64,
+    ) -> Result<StackCopy, String> {
         let mut chunks = Vec::new();
         let mut total = 0u64;
         let mut addr = first;
         while addr != 0 && chunks.len() < MAX_CHUNKS {
-            self.stats.reads += 1;
+            *reads += 1;
             let mut bytes = mem
                 .read_upto(addr, CHUNK_FIRST_READ)
                 .map_err(|e| e.to_string())?;
@@ -161,8 +205,12 @@ impl Completer {
                 ));
             }
             if size as usize > bytes.len() {
-                let rest =
-                    self.read(mem, addr + bytes.len() as u64, size as usize - bytes.len())?;
+                let rest = read(
+                    mem,
+                    addr + bytes.len() as u64,
+                    size as usize - bytes.len(),
+                    reads,
+                )?;
                 bytes.extend_from_slice(&rest);
             }
             bytes.truncate(size as usize);
@@ -172,28 +220,31 @@ impl Completer {
             chunks.push(Chunk { addr, bytes });
             addr = previous;
         }
-        Ok(chunks)
+        Ok(StackCopy { chunks })
     }
 
-    fn walk(
-        &mut self,
+    /// Walks `previous` links from `frame` to the bottom of the stack, taking frame headers
+    /// from the chunk copies (frames outside them, such as generators', are read one by one).
+    /// Stops after `max_frames` frames (`complete` false).
+    pub(crate) fn walk(
+        &self,
         mem: &ProcessMemory,
         layout: &PyLayout,
-        header: &SampleHeader,
-    ) -> Result<Vec<FrameRecord>, String> {
-        let chunks = self.read_chunks(mem, layout, header.datastack_chunk)?;
+        mut frame: u64,
+        max_frames: u32,
+        reads: &mut u64,
+    ) -> Result<WalkedStack, String> {
         let k = &layout.kernel;
         let data_start = layout.chunk.data as u64;
         let mut frames = Vec::new();
         let mut hash = 0u64;
         let mut count = 0u32;
         let mut loose = 0usize;
-        let mut frame = header.next_frame;
         while frame != 0 {
-            if count >= header.deep_frames {
-                return Err("the stack is deeper than at sample time".into());
+            if count >= max_frames {
+                break;
             }
-            let copied = chunks.iter().find_map(|c| {
+            let copied = self.chunks.iter().find_map(|c| {
                 let start = frame.checked_sub(c.addr)?;
                 let end = start + FRAME_HEADER_BYTES as u64;
                 (start >= data_start && end <= c.bytes.len() as u64)
@@ -207,7 +258,7 @@ impl Completer {
                     if loose > MAX_LOOSE_FRAMES {
                         return Err("too many frames outside stack chunks".into());
                     }
-                    owned = self.read(mem, frame, FRAME_HEADER_BYTES)?;
+                    owned = read(mem, frame, FRAME_HEADER_BYTES, reads)?;
                     &owned[..]
                 }
             };
@@ -229,24 +280,32 @@ impl Completer {
             }
             frame = previous;
         }
-        if count != header.deep_frames || hash != header.deep_hash {
-            self.stats.changed += 1;
-            return Err(format!(
-                "the stack changed since the sample ({count} frames vs {} at sample time)",
-                header.deep_frames
-            ));
-        }
-        // Tag each distinct code object once, as the kernel does for the frames it records.
-        let mut tags: HashMap<u64, u64> = HashMap::new();
-        for f in &mut frames {
-            if let Some(&tag) = tags.get(&f.code) {
-                f.tag = tag;
-                continue;
-            }
-            self.stats.reads += 1 + (k.tag_deref_ptr != 0) as u64;
-            f.tag = read_tag(mem, layout, f.code).map_err(|e| format!("{e:#}"))?;
-            tags.insert(f.code, f.tag);
-        }
-        Ok(frames)
+        Ok(WalkedStack {
+            frames,
+            count,
+            hash,
+            complete: frame == 0,
+        })
     }
+}
+
+/// Tags each distinct code object of `frames` once, as the kernel does for the frames it
+/// records.
+pub(crate) fn tag_frames(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    frames: &mut [FrameRecord],
+    reads: &mut u64,
+) -> Result<(), String> {
+    let mut tags: HashMap<u64, u64> = HashMap::new();
+    for f in frames {
+        if let Some(&tag) = tags.get(&f.code) {
+            f.tag = tag;
+            continue;
+        }
+        *reads += 1 + (layout.kernel.tag_deref_ptr != 0) as u64;
+        f.tag = read_tag(mem, layout, f.code).map_err(|e| format!("{e:#}"))?;
+        tags.insert(f.code, f.tag);
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod complete;
 pub mod discovery;
 pub mod elf;
+pub mod idle;
 pub mod lifecycle;
 pub mod memory;
 pub mod output;

@@ -63,6 +63,12 @@ async fn record(args: RecordArgs) -> Result<i32> {
         Scope::Child => false,
     };
     let mut session = Session::start(args.rate)?;
+    if args.gil {
+        session.want_gil();
+    }
+    if args.idle {
+        session.enable_idle(args.rate);
+    }
     let mut warn = |e: &crate::discovery::DiscoveryError| log::warn!("{e}");
     match &scope {
         Scope::Pids(pids) => {
@@ -89,6 +95,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     }
 
     let mut aggregator = Aggregator::new(multi, args.threads);
+    aggregator.gil_only = args.gil;
     aggregator.note_processes(&session);
     let events = session.take_events().context("ring buffer already taken")?;
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged while it lives.
@@ -107,6 +114,12 @@ async fn record(args: RecordArgs) -> Result<i32> {
     let started = Instant::now();
     let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // Idle passes (`--idle`); without it the branch never fires.
+    let mut idle_tick = session.idle_period().map(|period| {
+        let mut t = tokio::time::interval(period);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     let mut last_scan = Instant::now();
     let progress = std::io::stderr().is_terminal();
     let mut last_progress = Instant::now();
@@ -127,7 +140,23 @@ async fn record(args: RecordArgs) -> Result<i32> {
                 None => std::future::pending().await,
             }
         };
+        let idle_due = async {
+            match idle_tick.as_mut() {
+                Some(t) => {
+                    t.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            _ = idle_due => {
+                // Samples first: the threads the kernel saw on a CPU are not idle.
+                let ring = events.get_mut();
+                while let Some(item) = ring.next() {
+                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+                }
+                session.idle_pass(&mut |s, cmd| aggregator.add(s, cmd));
+            }
             guard = proc_events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
                 // Samples first: an exiting process's last samples are already queued.
@@ -279,6 +308,12 @@ struct Aggregator {
     id_labels: HashMap<u32, String>,
     threads: HashMap<(u32, u32), FrameId>,
     stack: Vec<FrameId>,
+    /// `--gil`: keep only samples whose thread held the GIL.
+    gil_only: bool,
+    /// Samples left out by `--gil`.
+    gil_dropped: u64,
+    /// Processes whose build exposes no GIL, already reported.
+    gil_warned: std::collections::HashSet<u32>,
 }
 
 impl Aggregator {
@@ -292,12 +327,25 @@ impl Aggregator {
             id_labels: HashMap::new(),
             threads: HashMap::new(),
             stack: Vec::new(),
+            gil_only: false,
+            gil_dropped: 0,
+            gil_warned: Default::default(),
         }
     }
 
-    /// Remembers the namespace labels of newly watched processes.
+    /// Remembers the namespace labels of newly watched processes; with `--gil`, names the
+    /// ones whose build does not expose its GIL (once each).
     fn note_processes(&mut self, session: &Session) {
         for p in session.watched() {
+            if self.gil_only && !Session::gil_known(p) && self.gil_warned.insert(p.pid) {
+                eprintln!(
+                    "pyebpf: warning: pid {} ({}, CPython {}{}) does not expose its GIL, so --gil leaves out all of its samples",
+                    p.pid,
+                    p.binary,
+                    p.layout.version,
+                    if p.layout.free_threaded { ", free-threaded" } else { "" }
+                );
+            }
             if (p.ns_pid.is_some() || p.container.is_some()) && !self.id_labels.contains_key(&p.pid)
             {
                 self.id_labels.insert(p.pid, p.id_label());
@@ -306,6 +354,10 @@ impl Aggregator {
     }
 
     fn add(&mut self, sample: &Resolved, command: &str) {
+        if self.gil_only && !sample.holds_gil {
+            self.gil_dropped += sample.weight;
+            return;
+        }
         let mut stack = std::mem::take(&mut self.stack);
         stack.clear();
         if self.by_process {
@@ -353,7 +405,13 @@ impl Aggregator {
         for frame in sample.frames.iter().rev() {
             stack.push(self.python_frame(sample.pid, frame));
         }
-        self.profile.add(&stack, 1);
+        if sample.idle {
+            stack.push(
+                self.profile
+                    .intern(label(FrameKind::Python, "<idle>".into())),
+            );
+        }
+        self.profile.add(&stack, sample.weight);
         self.stack = stack;
     }
 
@@ -409,6 +467,7 @@ fn finish(
     aggregator: Aggregator,
     elapsed: Duration,
 ) -> Result<()> {
+    let gil_dropped = aggregator.gil_dropped;
     let profile = aggregator.profile;
     let st = session.stats;
     let kernel = session.kernel_stats();
@@ -440,6 +499,18 @@ fn finish(
             pct(c.chunks),
             pct(c.truncated),
             crate::memory::REMOTE_READS.load(std::sync::atomic::Ordering::Relaxed) as f64 / st.samples.max(1) as f64
+        );
+    }
+    if args.gil {
+        eprintln!(
+            "pyebpf: --gil: {} samples held the GIL, {} left out",
+            profile.samples, gil_dropped
+        );
+    }
+    if let Some(idle) = session.idle_stats() {
+        eprintln!(
+            "pyebpf: --idle: {} off-CPU samples from {} stack reads in {} passes ({} walks skipped over the per-pass cap, {} stacks moved while copied, {} errors)",
+            idle.samples, idle.stacks, idle.passes, idle.skipped, idle.changed, idle.errors
         );
     }
     if profile.samples == 0 {
@@ -481,6 +552,8 @@ struct StatsReport {
     system_cpu_s: f64,
     /// Exec/exit handling.
     lifecycle: crate::lifecycle::LifecycleStats,
+    /// Off-CPU passes (`--idle` only).
+    idle: Option<crate::idle::IdleStats>,
     /// Kernel map and userspace cache sizes over the recording.
     maps: serde_json::Value,
 }
@@ -560,6 +633,7 @@ fn write_stats(
         user_cpu_s: secs(usage.ru_utime),
         system_cpu_s: secs(usage.ru_stime),
         lifecycle: session.lifecycle_stats(),
+        idle: session.idle_stats(),
         maps: serde_json::to_value(maps)?,
     };
     let text = serde_json::to_string_pretty(&report)?;

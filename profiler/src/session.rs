@@ -5,12 +5,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
-use profiler_common::{FrameRecord, SampleHeader, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
+use profiler_common::{
+    FrameRecord, SampleHeader, LAYOUT_GIL_MASK, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR,
+    SAMPLE_TRUNCATED,
+};
 
 use crate::bpf::{KernelStats, MapSizes, Sampler};
 use crate::complete::{Completer, CompletionStats};
 use crate::discovery::{self, DiscoveryError, PythonProcess};
 use crate::elf::ElfCache;
+use crate::idle::{IdleSampler, IdleStats};
 use crate::lifecycle::{Attempt, Lifecycle, LifecycleStats, ProcChange};
 use crate::python::code::CodeInfo;
 use crate::symbolize::Symbolizer;
@@ -37,6 +41,13 @@ pub struct Resolved<'a> {
     pub truncated: bool,
     /// A read failed mid-walk; `frames` are its top part.
     pub partial: bool,
+    /// The thread held the GIL (kernel samples of layouts that locate it, with `want_gil`).
+    pub holds_gil: bool,
+    /// An off-CPU stack from the thread list (`--idle`), not a kernel sample.
+    pub idle: bool,
+    /// Samples this stands for: 1 for kernel samples, the sampling periods an idle stack
+    /// covers.
+    pub weight: u64,
 }
 
 /// Totals over a session, for summaries and headers.
@@ -52,6 +63,8 @@ pub struct SessionStats {
     pub malformed_records: u64,
     /// Records holding only shim frames (no Python code running yet).
     pub shim_only: u64,
+    /// Kernel samples flagged as holding the GIL (counted when `want_gil` is on).
+    pub holds_gil: u64,
 }
 
 pub struct Session {
@@ -69,6 +82,11 @@ pub struct Session {
     pub stats: SessionStats,
     /// Exec'd processes awaiting inspection, and lifecycle counters.
     lifecycle: Lifecycle,
+    /// Have the kernel test GIL ownership (`--gil`); off, layouts reach the kernel without
+    /// their GIL location and the sampler does no GIL reads.
+    gil: bool,
+    /// Off-CPU sampling from the thread lists (`--idle`).
+    idle: Option<IdleSampler>,
 }
 
 /// Sizes of the session's per-process state, for leak checks and benchmarks.
@@ -97,14 +115,95 @@ impl Session {
             frames: Vec::with_capacity(profiler_common::MAX_FRAMES),
             stats: SessionStats::default(),
             lifecycle: Lifecycle::default(),
+            gil: false,
+            idle: None,
         })
+    }
+
+    /// Have the kernel flag samples whose thread holds the GIL (`Resolved::holds_gil`), for
+    /// processes added from now on.
+    pub fn want_gil(&mut self) {
+        self.gil = true;
+    }
+
+    /// Whether samples of this process can be told GIL holders (`want_gil` and a layout that
+    /// locates the GIL).
+    pub fn gil_known(proc: &PythonProcess) -> bool {
+        proc.layout.kernel.flags & LAYOUT_GIL_MASK != 0
+    }
+
+    /// Also sample off-CPU threads from the interpreters' thread lists (see `crate::idle`);
+    /// the caller runs `idle_pass` every `idle_period`.
+    pub fn enable_idle(&mut self, rate_hz: u64) {
+        self.idle = Some(IdleSampler::new(rate_hz));
+    }
+
+    /// Time between idle passes, when `--idle` is on.
+    pub fn idle_period(&self) -> Option<std::time::Duration> {
+        self.idle.as_ref().map(|i| i.period())
+    }
+
+    pub fn idle_stats(&self) -> Option<IdleStats> {
+        self.idle.as_ref().map(|i| i.stats)
+    }
+
+    /// One idle pass over every watched process: drain the sample ring buffer first, so the
+    /// threads the kernel saw on a CPU are known.
+    pub fn idle_pass(&mut self, sink: &mut dyn FnMut(&Resolved, &str)) {
+        let Some(mut idle) = self.idle.take() else {
+            return;
+        };
+        let periods = idle.begin(std::time::Instant::now());
+        let mut budget = crate::idle::MAX_WALKS_PER_PASS;
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            let Some(proc) = self.procs.get(&pid) else {
+                continue;
+            };
+            let stacks = idle.sample_process(proc, periods, &mut budget);
+            for stack in stacks {
+                let Some(proc) = self.procs.get(&pid) else {
+                    break;
+                };
+                symbolize_into(
+                    &mut self.frames,
+                    &mut self.symbols,
+                    &mut self.stats,
+                    pid,
+                    &proc.layout,
+                    stack.frames.iter().copied(),
+                );
+                if self.frames.is_empty() {
+                    continue;
+                }
+                let resolved = Resolved {
+                    pid,
+                    tid: stack.tid,
+                    cpu: u32::MAX,
+                    time_ns: 0,
+                    frames: &self.frames,
+                    truncated: stack.truncated,
+                    partial: false,
+                    holds_gil: false,
+                    idle: true,
+                    weight: stack.weight,
+                };
+                sink(&resolved, &proc.command);
+            }
+        }
+        idle.end();
+        self.idle = Some(idle);
     }
 
     /// Inspects `pid` and starts sampling it.
     pub fn add(&mut self, pid: u32) -> Result<&PythonProcess, DiscoveryError> {
         let proc = discovery::inspect(pid, &self.elves)?;
+        let mut kernel = proc.layout.kernel;
+        if !self.gil {
+            kernel.flags &= !LAYOUT_GIL_MASK;
+        }
         self.sampler
-            .register(pid, proc.runtime, &proc.layout.kernel)
+            .register(pid, proc.runtime, &kernel)
             .map_err(|cause| DiscoveryError::Other {
                 pid,
                 binary: proc.binary.clone(),
@@ -149,6 +248,9 @@ impl Session {
         for pid in self.exited.drain(..) {
             self.symbols.forget_process(pid);
             self.completer.forget_process(pid);
+            if let Some(idle) = self.idle.as_mut() {
+                idle.forget_process(pid);
+            }
         }
         let gone: Vec<u32> = self
             .procs
@@ -228,27 +330,16 @@ impl Session {
         };
         truncated &= tail.is_none();
         let tail_frames = tail.iter().flat_map(|t| t.iter().copied());
-        for rec in kernel_frames.chain(tail_frames) {
-            if rec.code == 0 {
-                // A shim frame (C-stack entry, interpreter-owned): not Python code.
-                continue;
-            }
-            let code = self
-                .symbols
-                .code(header.pid, &proc.layout, rec.code, rec.tag);
-            let line = code
-                .as_ref()
-                .map(|c| c.line_at_instr(&proc.layout, rec.code, rec.instr))
-                .unwrap_or(0);
-            if code.is_none() {
-                self.stats.unknown_frames += 1;
-            }
-            self.frames.push(PyFrame {
-                code,
-                line,
-                code_addr: rec.code,
-                tag: rec.tag,
-            });
+        symbolize_into(
+            &mut self.frames,
+            &mut self.symbols,
+            &mut self.stats,
+            header.pid,
+            &proc.layout,
+            kernel_frames.chain(tail_frames),
+        );
+        if let Some(idle) = self.idle.as_mut() {
+            idle.on_cpu(header.pid, header.tstate);
         }
         if self.frames.is_empty() {
             self.stats.shim_only += 1;
@@ -262,11 +353,47 @@ impl Session {
             frames: &self.frames,
             truncated,
             partial: header.flags & SAMPLE_READ_ERROR != 0,
+            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0,
+            idle: false,
+            weight: 1,
         };
         self.stats.samples += 1;
+        self.stats.holds_gil += resolved.holds_gil as u64;
         self.stats.truncated += resolved.truncated as u64;
         self.stats.partial += resolved.partial as u64;
         sink(&resolved, &proc.command);
+    }
+}
+
+/// Symbolizes `records` (leaf first, shims dropped) into `frames`.
+fn symbolize_into(
+    frames: &mut Vec<PyFrame>,
+    symbols: &mut Symbolizer,
+    stats: &mut SessionStats,
+    pid: u32,
+    layout: &crate::python::layout::PyLayout,
+    records: impl Iterator<Item = FrameRecord>,
+) {
+    frames.clear();
+    for rec in records {
+        if rec.code == 0 {
+            // A shim frame (C-stack entry, interpreter-owned): not Python code.
+            continue;
+        }
+        let code = symbols.code(pid, layout, rec.code, rec.tag);
+        let line = code
+            .as_ref()
+            .map(|c| c.line_at_instr(layout, rec.code, rec.instr))
+            .unwrap_or(0);
+        if code.is_none() {
+            stats.unknown_frames += 1;
+        }
+        frames.push(PyFrame {
+            code,
+            line,
+            code_addr: rec.code,
+            tag: rec.tag,
+        });
     }
 }
 

@@ -1,0 +1,326 @@
+//! `--idle`: samples of threads that are off-CPU.
+//!
+//! The kernel only sees threads while they run. With `--idle`, userspace makes a pass over the
+//! thread list of every watched interpreter (`_PyRuntime` → interpreters → thread states, read
+//! with `process_vm_readv`, offsets from the layout) a few dozen times a second. A pass stands
+//! for the sampling periods (`rate × time`) since the previous one; a thread state with a current
+//! frame gets one idle stack weighted by the periods it was *not* sampled on a CPU, so a thread
+//! asleep the whole time gets `rate × duration` samples, as it would if it had been running.
+//!
+//! The stack comes from bulk copies of the thread's stack chunks, walked like deep stacks are
+//! completed (`complete::StackCopy`), and is accepted only if the thread's current frame did
+//! not move during the copy. Code objects are tagged as the kernel tags them, so idle frames go
+//! through the same symbol cache; the tags of a thread whose chain (frame, code, instruction)
+//! is unchanged since its previous pass are reused without reading anything.
+//!
+//! Work is bounded: at most [`MAX_WALKS_PER_PASS`] stack walks per pass (what is left over is
+//! counted in [`IdleStats::skipped`]), [`MAX_THREAD_WALK`] thread states per interpreter and
+//! [`MAX_INTERPRETERS`] interpreters per process. Without `--idle` none of this runs.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use profiler_common::{
+    FrameRecord, LAYOUT_CFRAME, MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_THREAD_WALK,
+};
+
+use crate::complete::{tag_frames, StackCopy};
+use crate::discovery::PythonProcess;
+use crate::memory::{Fields, ProcessMemory};
+use crate::python::layout::PyLayout;
+
+/// Stack walks per pass, all processes together; further idle threads wait for a later pass.
+pub const MAX_WALKS_PER_PASS: usize = 128;
+/// Shortest time between passes, whatever the sampling rate.
+const MIN_PERIOD: Duration = Duration::from_millis(20);
+/// Frames an idle stack may have (deeper ones are reported truncated).
+const MAX_IDLE_FRAMES: u32 = MAX_FRAMES as u32 + MAX_DEEP_FRAMES;
+
+/// What the idle passes did, for the summary and `--stats-json`.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct IdleStats {
+    pub passes: u64,
+    /// Thread states with a current frame found in the thread lists (summed over passes).
+    pub threads: u64,
+    /// ...of which were on a CPU for the whole pass (the kernel sampled them).
+    pub on_cpu: u64,
+    /// Idle stacks produced.
+    pub stacks: u64,
+    /// Samples those stacks stand for (sampling periods off-CPU).
+    pub samples: u64,
+    /// Idle threads not walked because the pass hit `MAX_WALKS_PER_PASS`, and their samples.
+    pub skipped: u64,
+    pub skipped_samples: u64,
+    /// Stacks dropped because the thread's current frame moved while they were copied.
+    pub changed: u64,
+    /// Thread lists or stacks that could not be read.
+    pub errors: u64,
+    /// Walks whose tags were reused from the thread's previous walk.
+    pub tags_reused: u64,
+    /// Remote reads made by the idle passes.
+    pub reads: u64,
+}
+
+/// One idle thread's stack, ready for symbolization.
+pub struct IdleStack {
+    /// `native_thread_id` of the thread state (the thread id in the process's pid namespace).
+    pub tid: u32,
+    pub tstate: u64,
+    /// Sampling periods this stack stands for.
+    pub weight: u64,
+    /// Leaf first, tagged.
+    pub frames: Vec<FrameRecord>,
+    /// Deeper than `MAX_IDLE_FRAMES`: `frames` are its top part.
+    pub truncated: bool,
+}
+
+/// The fields of a thread state a pass needs.
+struct ThreadFields {
+    next: u64,
+    native_id: u64,
+    frame: u64,
+    datastack_chunk: u64,
+}
+
+pub struct IdleSampler {
+    rate_hz: u64,
+    last: Option<Instant>,
+    /// Fraction of a sampling period carried to the next pass.
+    carry: f64,
+    /// (pid, thread state) → kernel samples since the last pass.
+    on_cpu: HashMap<(u32, u64), u64>,
+    /// (pid, thread state) → kernel samples beyond the periods of earlier passes: the per-CPU
+    /// sampling clocks are not aligned with the passes, so a busy thread's count wobbles
+    /// around `periods`; the surplus pays for the next shortfall instead of showing as idle.
+    surplus: HashMap<(u32, u64), u64>,
+    /// (pid, thread state) → tagged frames of its last walk.
+    previous: HashMap<(u32, u64), Vec<FrameRecord>>,
+    /// Thread states seen in the current pass (to drop `previous` entries of gone threads).
+    seen: HashSet<(u32, u64)>,
+    pub stats: IdleStats,
+}
+
+impl IdleSampler {
+    pub fn new(rate_hz: u64) -> IdleSampler {
+        IdleSampler {
+            rate_hz: rate_hz.max(1),
+            last: None,
+            carry: 0.0,
+            on_cpu: HashMap::new(),
+            surplus: HashMap::new(),
+            previous: HashMap::new(),
+            seen: HashSet::new(),
+            stats: IdleStats::default(),
+        }
+    }
+
+    /// Time between passes: one sampling period, but no shorter than [`MIN_PERIOD`].
+    pub fn period(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.rate_hz as f64).max(MIN_PERIOD)
+    }
+
+    /// Notes a kernel sample of `tstate`: the thread was on a CPU for one period.
+    pub fn on_cpu(&mut self, pid: u32, tstate: u64) {
+        *self.on_cpu.entry((pid, tstate)).or_default() += 1;
+    }
+
+    /// Starts a pass; returns the whole sampling periods since the previous one (0 on the
+    /// first pass, which only sets the baseline).
+    pub fn begin(&mut self, now: Instant) -> u64 {
+        self.seen.clear();
+        let Some(last) = self.last.replace(now) else {
+            self.on_cpu.clear();
+            return 0;
+        };
+        self.stats.passes += 1;
+        self.carry += now.saturating_duration_since(last).as_secs_f64() * self.rate_hz as f64;
+        let periods = self.carry.floor();
+        self.carry -= periods;
+        periods as u64
+    }
+
+    /// Ends a pass: on-CPU counts start over, walks of threads that are gone are forgotten.
+    pub fn end(&mut self) {
+        self.on_cpu.clear();
+        let seen = &self.seen;
+        self.previous.retain(|k, _| seen.contains(k));
+        self.surplus.retain(|k, _| seen.contains(k));
+    }
+
+    pub fn forget_process(&mut self, pid: u32) {
+        self.previous.retain(|k, _| k.0 != pid);
+        self.surplus.retain(|k, _| k.0 != pid);
+        self.on_cpu.retain(|k, _| k.0 != pid);
+    }
+
+    /// The idle stacks of one process for a pass worth `periods` sampling periods; `budget`
+    /// is the number of stack walks the pass has left.
+    pub fn sample_process(
+        &mut self,
+        proc: &PythonProcess,
+        periods: u64,
+        budget: &mut usize,
+    ) -> Vec<IdleStack> {
+        let mut out = Vec::new();
+        if periods == 0 {
+            return out;
+        }
+        let mem = ProcessMemory::new(proc.pid);
+        let layout = &proc.layout;
+        let tstates = match self.thread_states(&mem, proc) {
+            Ok(t) => t,
+            Err(e) => {
+                log::debug!("pid {}: idle pass: thread list: {e}", proc.pid);
+                self.stats.errors += 1;
+                return out;
+            }
+        };
+        for (tstate, fields) in tstates {
+            if fields.frame == 0 {
+                continue;
+            }
+            let key = (proc.pid, tstate);
+            self.seen.insert(key);
+            self.stats.threads += 1;
+            let on_cpu = self.on_cpu.get(&key).copied().unwrap_or(0)
+                + self.surplus.remove(&key).unwrap_or(0);
+            let weight = periods.saturating_sub(on_cpu);
+            let surplus = (on_cpu - periods.min(on_cpu)).min(self.rate_hz);
+            if surplus > 0 {
+                self.surplus.insert(key, surplus);
+            }
+            if weight == 0 {
+                self.stats.on_cpu += 1;
+                continue;
+            }
+            if *budget == 0 {
+                self.stats.skipped += 1;
+                self.stats.skipped_samples += weight;
+                continue;
+            }
+            *budget -= 1;
+            match self.walk(&mem, layout, tstate, &fields) {
+                Ok(Some((frames, truncated))) => {
+                    self.stats.stacks += 1;
+                    self.stats.samples += weight;
+                    out.push(IdleStack {
+                        tid: fields.native_id as u32,
+                        tstate,
+                        weight,
+                        frames,
+                        truncated,
+                    });
+                }
+                Ok(None) => self.stats.changed += 1,
+                Err(e) => {
+                    log::debug!("pid {} tstate {tstate:#x}: idle stack: {e}", proc.pid);
+                    self.stats.errors += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Every thread state of every interpreter of the process (bounded), with its fields.
+    fn thread_states(
+        &mut self,
+        mem: &ProcessMemory,
+        proc: &PythonProcess,
+    ) -> Result<Vec<(u64, ThreadFields)>, String> {
+        let k = &proc.layout.kernel;
+        let mut out = Vec::new();
+        let mut interp = self.read_u64(mem, proc.runtime + k.runtime_interpreters_head as u64)?;
+        let mut interps = 0;
+        while interp != 0 && interps < MAX_INTERPRETERS {
+            interps += 1;
+            let mut tstate = self.read_u64(mem, interp + k.interp_threads_head as u64)?;
+            let mut n = 0;
+            while tstate != 0 && n < MAX_THREAD_WALK {
+                n += 1;
+                let fields = self.thread_fields(mem, &proc.layout, tstate)?;
+                let next = fields.next;
+                out.push((tstate, fields));
+                tstate = next;
+            }
+            interp = self.read_u64(mem, interp + k.interp_next as u64)?;
+        }
+        Ok(out)
+    }
+
+    fn read_u64(&mut self, mem: &ProcessMemory, addr: u64) -> Result<u64, String> {
+        self.stats.reads += 1;
+        mem.read_u64(addr).map_err(|e| e.to_string())
+    }
+
+    /// One read of the thread state's prefix (plus the `_PyCFrame` where the layout has one).
+    fn thread_fields(
+        &mut self,
+        mem: &ProcessMemory,
+        layout: &PyLayout,
+        tstate: u64,
+    ) -> Result<ThreadFields, String> {
+        let k = &layout.kernel;
+        let len = [
+            k.tstate_next,
+            k.tstate_native_thread_id,
+            k.tstate_current_frame,
+            k.tstate_datastack_chunk,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0) as usize
+            + 8;
+        self.stats.reads += 1;
+        let bytes = mem.read_vec(tstate, len).map_err(|e| e.to_string())?;
+        let field = |off: u16| {
+            bytes
+                .u64_at(off as usize)
+                .ok_or_else(|| format!("thread state field at {off} out of range"))
+        };
+        let mut frame = field(k.tstate_current_frame)?;
+        if k.flags & LAYOUT_CFRAME != 0 && frame != 0 {
+            frame = self.read_u64(mem, frame + k.cframe_current_frame as u64)?;
+        }
+        Ok(ThreadFields {
+            next: field(k.tstate_next)?,
+            native_id: field(k.tstate_native_thread_id)?,
+            frame,
+            datastack_chunk: field(k.tstate_datastack_chunk)?,
+        })
+    }
+
+    /// The thread's stack, or `None` when its current frame moved while it was copied.
+    fn walk(
+        &mut self,
+        mem: &ProcessMemory,
+        layout: &PyLayout,
+        tstate: u64,
+        fields: &ThreadFields,
+    ) -> Result<Option<(Vec<FrameRecord>, bool)>, String> {
+        let reads = &mut self.stats.reads;
+        let stack = StackCopy::read(mem, layout, fields.datastack_chunk, reads)?;
+        let walked = stack.walk(mem, layout, fields.frame, MAX_IDLE_FRAMES, reads)?;
+        let (mut frames, truncated) = (walked.frames, !walked.complete);
+        // The copy is this thread's stack only if it did not move meanwhile.
+        let after = self.thread_fields(mem, layout, tstate)?;
+        if after.frame != fields.frame || after.datastack_chunk != fields.datastack_chunk {
+            return Ok(None);
+        }
+        let key = (mem.pid, tstate);
+        let same_chain = self.previous.get(&key).is_some_and(|prev| {
+            prev.len() == frames.len()
+                && prev
+                    .iter()
+                    .zip(&frames)
+                    .all(|(a, b)| (a.frame, a.code, a.instr) == (b.frame, b.code, b.instr))
+        });
+        if same_chain {
+            self.stats.tags_reused += 1;
+            frames.clone_from(&self.previous[&key]);
+        } else {
+            tag_frames(mem, layout, &mut frames, &mut self.stats.reads)?;
+            self.previous.insert(key, frames.clone());
+        }
+        Ok(Some((frames, truncated)))
+    }
+}
