@@ -95,6 +95,9 @@ pub struct IdleSampler {
     surplus: HashMap<(u32, u64), u64>,
     /// (pid, thread state) → tagged frames of its last walk.
     previous: HashMap<(u32, u64), Vec<FrameRecord>>,
+    /// (pid, thread id in the process's pid namespace) → host thread id, for processes in
+    /// another pid namespace (CPython stores the former; labels and `/proc` need the latter).
+    host_tids: HashMap<(u32, u32), u32>,
     /// Thread states seen in the current pass (to drop `previous` entries of gone threads).
     seen: HashSet<(u32, u64)>,
     pub stats: IdleStats,
@@ -108,6 +111,7 @@ impl IdleSampler {
             carry: 0.0,
             on_cpu: HashMap::new(),
             surplus: HashMap::new(),
+            host_tids: HashMap::new(),
             previous: HashMap::new(),
             seen: HashSet::new(),
             stats: IdleStats::default(),
@@ -150,6 +154,7 @@ impl IdleSampler {
     pub fn forget_process(&mut self, pid: u32) {
         self.previous.retain(|k, _| k.0 != pid);
         self.surplus.retain(|k, _| k.0 != pid);
+        self.host_tids.retain(|k, _| k.0 != pid);
         self.on_cpu.retain(|k, _| k.0 != pid);
     }
 
@@ -203,8 +208,14 @@ impl IdleSampler {
                 Ok(Some((frames, truncated))) => {
                     self.stats.stacks += 1;
                     self.stats.samples += weight;
+                    let tid = fields.native_id as u32;
+                    let tid = if proc.ns_pid.is_some() {
+                        self.host_tid(proc.pid, tid)
+                    } else {
+                        tid
+                    };
                     out.push(IdleStack {
-                        tid: fields.native_id as u32,
+                        tid,
                         tstate,
                         weight,
                         frames,
@@ -219,6 +230,41 @@ impl IdleSampler {
             }
         }
         out
+    }
+
+    /// The host id of thread `ns_tid` of a process in another pid namespace (from the `NSpid`
+    /// lines of `/proc/PID/task/*/status`, cached); `ns_tid` itself when it cannot be found.
+    fn host_tid(&mut self, pid: u32, ns_tid: u32) -> u32 {
+        if let Some(&tid) = self.host_tids.get(&(pid, ns_tid)) {
+            return tid;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return ns_tid;
+        };
+        for task in tasks.flatten() {
+            let Some(host) = task
+                .file_name()
+                .to_str()
+                .and_then(|t| t.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+                continue;
+            };
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|ids| ids.split_whitespace().last())
+                .and_then(|id| id.parse::<u32>().ok());
+            if let Some(inner) = inner {
+                self.host_tids.insert((pid, inner), host);
+            }
+        }
+        self.host_tids
+            .get(&(pid, ns_tid))
+            .copied()
+            .unwrap_or(ns_tid)
     }
 
     /// Every thread state of every interpreter of the process (bounded), with its fields.
