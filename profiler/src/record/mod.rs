@@ -1,6 +1,5 @@
 //! `pyebpf record`: sample until Ctrl-C, a duration, or the targets' exit, then write a profile.
 
-use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -8,11 +7,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use tokio::io::unix::AsyncFd;
 
-use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
 use crate::cli::RecordArgs;
 use crate::output;
-use crate::session::{alive, PyFrame, Resolved, Session};
+use crate::session::{alive, Session};
 use crate::UsageError;
+
+mod stacks;
+mod stats;
+
+use stacks::Aggregator;
+use stats::{write_stats, MapReport};
 
 /// How long a launched command may take to become a recognizable interpreter.
 const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -297,154 +301,6 @@ fn exit_code_of(status: std::process::ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-/// Turns resolved samples into interned, root-first stacks.
-struct Aggregator {
-    profile: Profile,
-    by_process: bool,
-    by_thread: bool,
-    python: HashMap<(u32, u64, u64, u32), FrameId>,
-    labels: HashMap<u32, FrameId>,
-    /// `(pid, ns pid …, container …)` of processes in other namespaces; `(pid)` otherwise.
-    id_labels: HashMap<u32, String>,
-    threads: HashMap<(u32, u32), FrameId>,
-    stack: Vec<FrameId>,
-    /// `--gil`: keep only samples whose thread held the GIL.
-    gil_only: bool,
-    /// Samples left out by `--gil`.
-    gil_dropped: u64,
-    /// Processes whose build exposes no GIL, already reported.
-    gil_warned: std::collections::HashSet<u32>,
-}
-
-impl Aggregator {
-    fn new(by_process: bool, by_thread: bool) -> Self {
-        Aggregator {
-            profile: Profile::default(),
-            by_process,
-            by_thread,
-            python: HashMap::new(),
-            labels: HashMap::new(),
-            id_labels: HashMap::new(),
-            threads: HashMap::new(),
-            stack: Vec::new(),
-            gil_only: false,
-            gil_dropped: 0,
-            gil_warned: Default::default(),
-        }
-    }
-
-    /// Remembers the namespace labels of newly watched processes; with `--gil`, names the
-    /// ones whose build does not expose its GIL (once each).
-    fn note_processes(&mut self, session: &Session) {
-        for p in session.watched() {
-            if self.gil_only && !Session::gil_known(p) && self.gil_warned.insert(p.pid) {
-                eprintln!(
-                    "pyebpf: warning: pid {} ({}, CPython {}{}) does not expose its GIL, so --gil leaves out all of its samples",
-                    p.pid,
-                    p.binary,
-                    p.layout.version,
-                    if p.layout.free_threaded { ", free-threaded" } else { "" }
-                );
-            }
-            if (p.ns_pid.is_some() || p.container.is_some()) && !self.id_labels.contains_key(&p.pid)
-            {
-                self.id_labels.insert(p.pid, p.id_label());
-            }
-        }
-    }
-
-    fn add(&mut self, sample: &Resolved, command: &str) {
-        if self.gil_only && !sample.holds_gil {
-            self.gil_dropped += sample.weight;
-            return;
-        }
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        if self.by_process {
-            let profile = &mut self.profile;
-            let id_labels = &self.id_labels;
-            let id = *self.labels.entry(sample.pid).or_insert_with(|| {
-                let id = id_labels
-                    .get(&sample.pid)
-                    .cloned()
-                    .unwrap_or_else(|| format!("({})", sample.pid));
-                profile.intern(label(FrameKind::Process, format!("{command} {id}")))
-            });
-            stack.push(id);
-        }
-        if self.by_thread {
-            let profile = &mut self.profile;
-            let id = *self
-                .threads
-                .entry((sample.pid, sample.tid))
-                .or_insert_with(|| {
-                    let name = std::fs::read_to_string(format!(
-                        "/proc/{}/task/{}/comm",
-                        sample.pid, sample.tid
-                    ))
-                    .map(|n| n.trim().to_string())
-                    .unwrap_or_default();
-                    profile.intern(label(
-                        FrameKind::Thread,
-                        format!("thread {} ({name})", sample.tid),
-                    ))
-                });
-            stack.push(id);
-        }
-        if sample.truncated || sample.partial {
-            let text = if sample.truncated {
-                "<truncated>"
-            } else {
-                "<partial stack>"
-            };
-            stack.push(
-                self.profile
-                    .intern(label(FrameKind::Truncated, text.to_string())),
-            );
-        }
-        for frame in sample.frames.iter().rev() {
-            stack.push(self.python_frame(sample.pid, frame));
-        }
-        if sample.idle {
-            stack.push(
-                self.profile
-                    .intern(label(FrameKind::Python, "<idle>".into())),
-            );
-        }
-        self.profile.add(&stack, sample.weight);
-        self.stack = stack;
-    }
-
-    fn python_frame(&mut self, pid: u32, frame: &PyFrame) -> FrameId {
-        let key = (pid, frame.code_addr, frame.tag, frame.line);
-        if let Some(&id) = self.python.get(&key) {
-            return id;
-        }
-        let id = match &frame.code {
-            Some(code) => self.profile.intern(Frame {
-                kind: FrameKind::Python,
-                name: code.qualname.as_str().into(),
-                file: Some(code.filename.as_str().into()),
-                line: frame.line,
-            }),
-            None => self
-                .profile
-                .intern(label(FrameKind::Python, "<unknown code object>".into())),
-        };
-        self.python.insert(key, id);
-        id
-    }
-}
-
-fn label(kind: FrameKind, text: String) -> Frame {
-    Frame {
-        kind,
-        name: text.into(),
-        file: None,
-        line: 0,
-    }
-}
-
 fn default_output(format: output::Format) -> PathBuf {
     let now = unsafe { libc::time(std::ptr::null_mut()) };
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
@@ -530,112 +386,4 @@ fn finish(
     std::io::Write::flush(&mut out).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("pyebpf: {summary}; wrote {}", path.display());
     Ok(())
-}
-
-/// Counters of a finished recording, as written by `--stats-json`.
-#[derive(serde::Serialize)]
-struct StatsReport {
-    duration_s: f64,
-    processes: usize,
-    session: crate::session::SessionStats,
-    kernel: crate::bpf::KernelStats,
-    symbols: crate::symbolize::SymbolStats,
-    /// Where stacks came from (kernel, completion cache, chunk copies, left truncated).
-    completion: crate::complete::CompletionStats,
-    /// `process_vm_readv` calls made by pyebpf.
-    remote_reads: u64,
-    /// BPF sampler program: total run time and runs (needs `kernel.bpf_stats_enabled=1`).
-    bpf_run_time_ns: u64,
-    bpf_run_count: u64,
-    /// pyebpf's own CPU time.
-    user_cpu_s: f64,
-    system_cpu_s: f64,
-    /// Exec/exit handling.
-    lifecycle: crate::lifecycle::LifecycleStats,
-    /// Off-CPU passes (`--idle` only).
-    idle: Option<crate::idle::IdleStats>,
-    /// Kernel map and userspace cache sizes over the recording.
-    maps: serde_json::Value,
-}
-
-/// Sizes of the kernel maps and userspace caches: after the initial discovery, the largest
-/// seen (checked once a second), and at the end, with the pids/tids left in the maps.
-#[derive(serde::Serialize)]
-struct MapReport {
-    start: crate::bpf::MapSizes,
-    peak: crate::bpf::MapSizes,
-    end: crate::bpf::MapSizes,
-    caches_start: crate::session::CacheSizes,
-    caches_peak: crate::session::CacheSizes,
-    caches_end: crate::session::CacheSizes,
-    end_pids: Vec<u32>,
-    end_tids: Vec<u32>,
-}
-
-impl MapReport {
-    fn start(session: &Session) -> MapReport {
-        let maps = session.map_sizes();
-        let caches = session.cache_sizes();
-        MapReport {
-            start: maps,
-            peak: maps,
-            end: maps,
-            caches_start: caches,
-            caches_peak: caches,
-            caches_end: caches,
-            end_pids: Vec::new(),
-            end_tids: Vec::new(),
-        }
-    }
-
-    fn observe(&mut self, session: &Session) {
-        let m = session.map_sizes();
-        self.peak.procs = self.peak.procs.max(m.procs);
-        self.peak.threads = self.peak.threads.max(m.threads);
-        let c = session.cache_sizes();
-        let p = &mut self.caches_peak;
-        p.procs = p.procs.max(c.procs);
-        p.pending_execs = p.pending_execs.max(c.pending_execs);
-        p.exited = p.exited.max(c.exited);
-        p.symbols = p.symbols.max(c.symbols);
-    }
-
-    fn finish(&mut self, session: &Session) {
-        self.observe(session);
-        self.end = session.map_sizes();
-        self.caches_end = session.cache_sizes();
-        (self.end_pids, self.end_tids) = session.map_keys();
-        self.end_pids.sort_unstable();
-        self.end_tids.sort_unstable();
-    }
-}
-
-fn write_stats(
-    path: &std::path::Path,
-    session: &Session,
-    elapsed: Duration,
-    maps: &MapReport,
-) -> Result<()> {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let (bpf_run_time_ns, bpf_run_count) = session.program_runtime();
-    let report = StatsReport {
-        duration_s: elapsed.as_secs_f64(),
-        processes: session.seen.values().filter(|c| !c.is_empty()).count(),
-        session: session.stats,
-        kernel: session.kernel_stats(),
-        symbols: session.symbol_stats(),
-        completion: session.completion_stats(),
-        remote_reads: crate::memory::REMOTE_READS.load(std::sync::atomic::Ordering::Relaxed),
-        bpf_run_time_ns,
-        bpf_run_count,
-        user_cpu_s: secs(usage.ru_utime),
-        system_cpu_s: secs(usage.ru_stime),
-        lifecycle: session.lifecycle_stats(),
-        idle: session.idle_stats(),
-        maps: serde_json::to_value(maps)?,
-    };
-    let text = serde_json::to_string_pretty(&report)?;
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
