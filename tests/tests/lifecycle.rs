@@ -18,6 +18,14 @@ struct Background {
     stats: PathBuf,
 }
 
+/// These tests record system-wide and count map entries, so each must have the machine's
+/// Python processes to itself: they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("pyebpf-lifecycle-{}-{name}", std::process::id()))
 }
@@ -147,6 +155,7 @@ fn chain_samples(rec: &Rec, root_contains: &str) -> (u64, u64) {
 /// within 1 s of its start.
 #[test]
 fn exec_pickup_within_one_second() {
+    let _serial = serial();
     for interp in &interpreters_logged() {
         let bg = Background::start("exec", &["-d", "4", "-r", "199"]);
         let started = Instant::now();
@@ -179,6 +188,7 @@ fn exec_pickup_within_one_second() {
 /// of them: back to their size before.
 #[test]
 fn exit_cleanup_after_100_processes() {
+    let _serial = serial();
     let interps = interpreters_logged();
     assert!(!interps.is_empty());
     let bg = Background::start("exit", &["-d", "30", "-r", "199"]);
@@ -283,6 +293,7 @@ fn child_of(pid: u32) -> Option<u32> {
 /// host pid and namespace pid.
 #[test]
 fn pid_namespaced_process_has_correct_stacks() {
+    let _serial = serial();
     for interp in &interpreters_logged() {
         let script = interp.stage(&workloads_dir().join("chain.py"));
         let mut cmd = Command::new("unshare");
@@ -360,6 +371,7 @@ fn embed_flags() -> Option<(String, Vec<String>, Vec<String>)> {
 /// and profiled with exact stacks.
 #[test]
 fn embedded_interpreter_has_correct_stacks() {
+    let _serial = serial();
     let Some((label, cflags, ldflags)) = embed_flags() else {
         eprintln!("skipped: no shared-library CPython 3.11-3.13 under /root/.pyenv/versions");
         return;
@@ -405,6 +417,7 @@ fn embedded_interpreter_has_correct_stacks() {
 /// 32 busy threads: each appears under its own tid with its own function.
 #[test]
 fn every_busy_thread_of_32_appears() {
+    let _serial = serial();
     for interp in &interpreters_logged() {
         let workload = Workload::start(interp, "many_threads.py", &["32"]);
         let tids: HashMap<String, String> = workload
@@ -470,6 +483,7 @@ fn every_busy_thread_of_32_appears() {
 /// 64 concurrent interpreters of mixed versions all appear in one system-wide recording.
 #[test]
 fn sixty_four_interpreters_in_one_recording() {
+    let _serial = serial();
     let interps = interpreters_logged();
     assert!(!interps.is_empty());
     let workloads: Vec<(Workload, &Interpreter, String)> = (0..64)
