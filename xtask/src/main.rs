@@ -1,6 +1,10 @@
 //! Developer entry points: `cargo xtask <command>` (see `cargo xtask --help`).
 //!
 //! Each command lives in its own module; `util` echoes and runs subprocesses.
+mod bench;
+mod bench_proc;
+mod bench_report;
+mod bench_run;
 mod demo;
 mod run;
 mod setup;
@@ -31,6 +35,8 @@ enum Cmd {
     Build,
     /// Build pyebpf in release mode and run it with ARGS.
     Run(run::RunArgs),
+    /// Overhead and accuracy of pyebpf vs py-spy and Tachyon; writes BENCHMARKS.md.
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -41,6 +47,7 @@ fn main() {
         Cmd::Test(args) => test::test(&args),
         Cmd::Demo => demo::demo(),
         Cmd::Build => run::build_release().map(|_| ()),
+        Cmd::Bench(args) => bench::bench(&args),
         Cmd::Run(args) => match run::run(&args) {
             Ok(code) => std::process::exit(code),
             Err(e) => Err(e),
