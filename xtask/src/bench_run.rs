@@ -637,3 +637,24 @@ fn check_alive(prof: Profiler, pid: u32) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_three_collapsed_dialects() {
+        // pyebpf, py-spy (raw) and Tachyon (tid frame first), depth 5.
+        let text = "\
+<module> (/b/workload.py:97);main (/b/workload.py:91);descend (/b/workload.py:65);leaf (/b/workload.py:44);work_a (/b/workload.py:25) 7
+<module> (workload.py:97);main (workload.py:91);descend (workload.py:65);leaf (workload.py:46);work_b (workload.py:32) 3
+tid:1;workload.py:<module>:97;workload.py:main:91;workload.py:leaf:42 5
+tid:1;workload.py:descend:65;workload.py:leaf:44;workload.py:work_a:25 2
+garbage line
+";
+        let p = parse_collapsed(text, 5);
+        assert_eq!((p.total, p.work, p.a, p.b), (17, 12, 9, 3));
+        // The truncated Tachyon stack (3 workload frames) is not a full one.
+        assert_eq!(p.full, 10);
+    }
+}
