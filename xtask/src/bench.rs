@@ -28,7 +28,7 @@ const PY_SPY: &str = "py-spy==0.4.3";
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// A ~2-minute smoke run: 1 round, ~1 s of work per run (numbers are noisier).
+    /// A short smoke run (~3 min here): 1 round, ~1 s of work per run (numbers are noisier).
     #[arg(long)]
     pub quick: bool,
     /// Rounds per configuration (medians are taken over them) [default: 3, --quick: 1]
