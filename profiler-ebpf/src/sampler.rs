@@ -21,6 +21,11 @@ use profiler_common::{
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
 const RINGBUF_BYTES: u32 = 8 << 20;
+/// Queued bytes past which a record wakes the reader (see `emit`).
+const RINGBUF_WAKEUP_BYTES: u64 = 1 << 20;
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+const BPF_RB_AVAIL_DATA: u64 = 0;
 /// Power of two so the verifier can bound the word index with a mask.
 const HEADER_WORDS: usize = 16;
 const _: () = assert!(FRAME_HEADER_BYTES <= HEADER_WORDS * 8);
@@ -84,7 +89,6 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         bump(stat::NO_FRAME);
         return 0;
     }
-    let datastack_chunk = read_u64(tstate + layout.tstate_datastack_chunk as u64).unwrap_or(0);
     let gil = if holds_gil(tstate, proc, layout) {
         SAMPLE_HOLDS_GIL
     } else {
@@ -99,9 +103,11 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
     if flags & SAMPLE_TRUNCATED != 0 {
         bump(stat::TRUNCATED);
     }
-    let (mut deep_hash, mut deep_frames) = (0, 0);
+    let (mut deep_hash, mut deep_frames, mut datastack_chunk) = (0, 0, 0);
     let mut flags = flags;
     if flags == SAMPLE_TRUNCATED {
+        // Only completion needs the chunk list: one read saved on every shallow sample.
+        datastack_chunk = read_u64(tstate + layout.tstate_datastack_chunk as u64).unwrap_or(0);
         let deep = deep_walk(next_frame, proc.layout);
         deep_hash = deep.hash;
         deep_frames = deep.frames;
@@ -331,6 +337,9 @@ fn word(header: &[u64; HEADER_WORDS], offset: u16) -> u64 {
 #[repr(C)]
 struct Walk {
     frame: u64,
+    /// Code object and tag of the last frame tagged, reused by a recursive frame below it.
+    last_code: u64,
+    last_tag: u64,
     /// Records written (shims included).
     nframes: u32,
     layout: u32,
@@ -348,6 +357,8 @@ struct Walk {
 fn walk(frame: u64, layout: u32) -> (usize, u64, u16) {
     let mut walk = Walk {
         frame,
+        last_code: 0,
+        last_tag: 0,
         nframes: 0,
         layout,
         flags: 0,
@@ -400,7 +411,10 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
         code = 0;
     }
     let mut tag = 0;
-    if code != 0 {
+    if code != 0 && code == walk.last_code {
+        // Recursion: the same code object as the frame above, read a moment ago.
+        tag = walk.last_tag;
+    } else if code != 0 {
         let src = (code + layout.code_tag_offset as u64) as *const [u64; CODE_TAG_BYTES / 8];
         // Read straight into the value: a zero-initialised buffer would cost a byte-wise memset.
         let Ok(window) = (unsafe { bpf_probe_read_user(src) }) else {
@@ -422,6 +436,8 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
             deref = unsafe { bpf_probe_read_user(target as *const u64) }.unwrap_or(0);
         }
         tag = fold_tag(&window, deref);
+        walk.last_code = code;
+        walk.last_tag = tag;
     }
     let sample = unsafe { &mut *sample };
     let slot = &mut sample.frames[index as usize & (MAX_FRAMES - 1)];
@@ -503,7 +519,15 @@ fn emit(sample: &Sample, nframes: usize) {
     }
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
-    match EVENTS.output::<[u64]>(bytes, 0) {
+    // Waking the reader for every record costs an interrupt (a VM exit on virtual machines)
+    // per sample: userspace drains on a timer instead, and is woken only when the buffer
+    // fills past a threshold.
+    let wakeup = if EVENTS.query(BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    match EVENTS.output::<[u64]>(bytes, wakeup) {
         Ok(()) => bump(stat::EMITTED),
         Err(_) => bump(stat::RINGBUF_DROPS),
     }

@@ -1,6 +1,6 @@
 //! Stacks → counts. Frames are interned once, so a sample costs one hash of a small `Vec<u32>`.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// What a frame in an aggregated stack stands for.
@@ -44,8 +44,8 @@ pub type FrameId = u32;
 #[derive(Default, Debug)]
 pub struct Profile {
     frames: Vec<Frame>,
-    index: HashMap<Frame, FrameId>,
-    stacks: HashMap<Vec<FrameId>, u64>,
+    index: FxHashMap<Frame, FrameId>,
+    stacks: FxHashMap<Vec<FrameId>, u64>,
     /// Samples added (sum of all counts).
     pub samples: u64,
 }

@@ -11,6 +11,8 @@
 //! is taken at sample time, so a hit proves the tail is unchanged without reading anything.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use profiler_common::{
@@ -62,7 +64,7 @@ struct TailKey {
 
 #[derive(Default)]
 pub struct Completer {
-    tails: HashMap<TailKey, Arc<[FrameRecord]>>,
+    tails: FxHashMap<TailKey, Arc<[FrameRecord]>>,
     pub stats: CompletionStats,
 }
 

@@ -2,6 +2,8 @@
 //! userspace half of every sample (decode → symbolize). `record` and `top` drive it.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -18,6 +20,11 @@ use crate::idle::{IdleSampler, IdleStats};
 use crate::lifecycle::{Attempt, Lifecycle, LifecycleStats, ProcChange};
 use crate::python::code::CodeInfo;
 use crate::symbolize::Symbolizer;
+
+/// How often the event loops drain the sample ring buffer. The kernel wakes userspace only
+/// when the buffer fills up (a wake-up per sample would cost an interrupt each), so this
+/// bounds how long a sample waits before it is symbolized.
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// One Python frame of a sample, symbolized.
 #[derive(Clone, Debug)]
@@ -70,7 +77,7 @@ pub struct SessionStats {
 pub struct Session {
     sampler: Sampler,
     elves: ElfCache,
-    procs: HashMap<u32, PythonProcess>,
+    procs: FxHashMap<u32, PythonProcess>,
     /// Processes that exited; their caches are dropped on the next reap, after the ring
     /// buffer had a chance to deliver their last samples.
     exited: Vec<u32>,
@@ -107,7 +114,7 @@ impl Session {
         Ok(Session {
             sampler: Sampler::start(rate_hz)?,
             elves: ElfCache::default(),
-            procs: HashMap::new(),
+            procs: FxHashMap::default(),
             exited: Vec::new(),
             seen: HashMap::new(),
             symbols: Symbolizer::default(),

@@ -4,7 +4,7 @@
 //! object freed and replaced by another at the same address gets a new entry instead of the
 //! old name. Steady-state sampling of a stable program does no remote reads at all.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use crate::memory::{ProcessMemory, ReadError};
@@ -24,7 +24,7 @@ pub struct SymbolStats {
 
 #[derive(Default)]
 pub struct Symbolizer {
-    cache: HashMap<(u32, u64, u64), Option<Arc<CodeInfo>>>,
+    cache: FxHashMap<(u32, u64, u64), Option<Arc<CodeInfo>>>,
     pub stats: SymbolStats,
 }
 

@@ -118,6 +118,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     let started = Instant::now();
     let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut drain = tokio::time::interval(crate::session::DRAIN_INTERVAL);
     // Idle passes (`--idle`); without it the branch never fires.
     let mut idle_tick = session.idle_period().map(|period| {
         let mut t = tokio::time::interval(period);
@@ -180,6 +181,12 @@ async fn record(args: RecordArgs) -> Result<i32> {
             _ = exec_due => {
                 if !session.poll_execs(&mut warn).is_empty() {
                     aggregator.note_processes(&session);
+                }
+            }
+            _ = drain.tick() => {
+                let ring = events.get_mut();
+                while let Some(item) = ring.next() {
+                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
                 }
             }
             guard = events.readable_mut() => {

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
 use crate::session::{PyFrame, Resolved, Session};
 
@@ -11,11 +13,11 @@ pub(super) struct Aggregator {
     pub(super) profile: Profile,
     by_process: bool,
     by_thread: bool,
-    python: HashMap<(u32, u64, u64, u32), FrameId>,
-    labels: HashMap<u32, FrameId>,
+    python: FxHashMap<(u32, u64, u64, u32), FrameId>,
+    labels: FxHashMap<u32, FrameId>,
     /// `(pid, ns pid …, container …)` of processes in other namespaces; `(pid)` otherwise.
     id_labels: HashMap<u32, String>,
-    threads: HashMap<(u32, u32), FrameId>,
+    threads: FxHashMap<(u32, u32), FrameId>,
     stack: Vec<FrameId>,
     /// `--gil`: keep only samples whose thread held the GIL.
     pub(super) gil_only: bool,
@@ -31,10 +33,10 @@ impl Aggregator {
             profile: Profile::default(),
             by_process,
             by_thread,
-            python: HashMap::new(),
-            labels: HashMap::new(),
+            python: FxHashMap::default(),
+            labels: FxHashMap::default(),
             id_labels: HashMap::new(),
-            threads: HashMap::new(),
+            threads: FxHashMap::default(),
             stack: Vec::new(),
             gil_only: false,
             gil_dropped: 0,

@@ -306,6 +306,9 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
                 guard.clear_ready();
             }
             _ = housekeeping.tick() => {
+                // The kernel wakes us only when its buffer fills: drain on this tick too, and
+                // before exited processes are forgotten.
+                collector.drain(events.get_mut());
                 collector.housekeeping();
                 if let Output::Live(live) = &mut output {
                     for w in collector.warnings.drain(..) {
