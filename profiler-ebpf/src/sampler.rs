@@ -23,6 +23,8 @@ use profiler_common::{
 const RINGBUF_BYTES: u32 = 8 << 20;
 /// Queued bytes past which a record wakes the reader (see `emit`).
 const RINGBUF_WAKEUP_BYTES: u64 = 1 << 20;
+/// Longest a CPU's records wait in the ring buffer before one wakes the reader (see `emit`).
+const RINGBUF_WAKEUP_NS: u64 = 4_000_000;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
@@ -45,6 +47,9 @@ static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 /// One frame header, read with a single probe and then picked apart by layout offsets.
 #[map]
 static FRAME_HEADER: PerCpuArray<[u64; HEADER_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+/// When this CPU last woke the ring-buffer reader.
+#[map]
+static LAST_WAKEUP: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 
@@ -520,13 +525,21 @@ fn emit(sample: &Sample, nframes: usize) {
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
     // Waking the reader for every record costs an interrupt (a VM exit on virtual machines)
-    // per sample: userspace drains on a timer instead, and is woken only when the buffer
-    // fills past a threshold.
-    let wakeup = if EVENTS.query(BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
+    // per sample. Wake it at most every RINGBUF_WAKEUP_NS per CPU, or when the buffer fills:
+    // at high rates most records ride along, while samples still reach userspace while their
+    // code objects are alive (a short-lived function's frames can only be named until it is
+    // freed). Userspace also drains on a timer.
+    let mut wakeup = BPF_RB_NO_WAKEUP;
+    if let Some(last) = LAST_WAKEUP.get_ptr_mut(0) {
+        let now = sample.header.time_ns;
+        let last = unsafe { &mut *last };
+        if now.wrapping_sub(*last) >= RINGBUF_WAKEUP_NS
+            || EVENTS.query(BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES
+        {
+            wakeup = BPF_RB_FORCE_WAKEUP;
+            *last = now;
+        }
+    }
     match EVENTS.output::<[u64]>(bytes, wakeup) {
         Ok(()) => bump(stat::EMITTED),
         Err(_) => bump(stat::RINGBUF_DROPS),

@@ -8,7 +8,7 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
 TEMPLATE = """
 def fn_{i}():
     n = 0
-    for k in range(30000):
+    for k in range(90000):
         n = (n * 31 + k) % 1000003
     return n
 """
