@@ -24,7 +24,7 @@ const RINGBUF_BYTES: u32 = 8 << 20;
 /// Queued bytes past which a record wakes the reader (see `emit`).
 const RINGBUF_WAKEUP_BYTES: u64 = 1 << 20;
 /// Longest a CPU's records wait in the ring buffer before one wakes the reader (see `emit`).
-const RINGBUF_WAKEUP_NS: u64 = 4_000_000;
+const RINGBUF_WAKEUP_NS: u64 = 20_000_000;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;

@@ -242,7 +242,7 @@ fn replaced_code_objects_never_show_the_old_name() {
         let rec = record_command(
             interp,
             "exec_loop.py",
-            &["400"],
+            &["100"],
             &["-r", "1000", "-d", "120"],
         );
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
@@ -266,19 +266,19 @@ fn replaced_code_objects_never_show_the_old_name() {
         let median = counts.get(counts.len() / 2).copied().unwrap_or(0);
         let max = counts.last().copied().unwrap_or(0);
         eprintln!(
-            "{}: {} code addresses for 400 functions; {} names sampled, median {median}, max {max}",
+            "{}: {} code addresses for 100 functions; {} names sampled, median {median}, max {max}",
             interp.label,
             distinct,
             per.len()
         );
         assert!(
-            distinct <= 100,
+            distinct <= 25,
             "{}: addresses were not reused ({distinct}), the test proves nothing",
             interp.label
         );
         assert!(
-            per.len() >= 280,
-            "{}: only {} of 400 functions seen",
+            per.len() >= 70,
+            "{}: only {} of 100 functions seen",
             interp.label,
             per.len()
         );

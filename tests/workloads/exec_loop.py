@@ -4,11 +4,11 @@
 import gc
 import sys
 
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 TEMPLATE = """
 def fn_{i}():
     n = 0
-    for k in range(90000):
+    for k in range(400000):
         n = (n * 31 + k) % 1000003
     return n
 """
