@@ -10,6 +10,8 @@ pub const MAX_FRAMES: usize = 128;
 /// userspace can prove a completion matches the stack at sample time. Deeper than this, a
 /// stack is reported truncated.
 pub const MAX_DEEP_FRAMES: u32 = 8192;
+/// `ProcInfo::eager_samples` of a newly registered process.
+pub const EAGER_SAMPLES: u32 = 64;
 /// Distinct CPython layouts loaded at once (one per interpreter build, not per process).
 pub const MAX_LAYOUTS: u32 = 64;
 /// Python processes registered at once.
@@ -107,7 +109,10 @@ pub struct ProcInfo {
     pub runtime: u64,
     /// Index into `LAYOUTS`.
     pub layout: u32,
-    pub _pad0: u32,
+    /// Samples left that wake userspace at once (counted down by the kernel): a young
+    /// process's first samples are symbolized while its code still exists, even if it lives
+    /// only milliseconds; later ones are batched.
+    pub eager_samples: u32,
     /// Device and inode of the process's pid namespace when it is not the profiler's (else
     /// 0): CPython records thread ids as seen inside that namespace.
     pub pidns_dev: u64,

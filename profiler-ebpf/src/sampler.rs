@@ -138,7 +138,16 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         nframes: nframes as u16,
         _pad0: 0,
     };
-    emit(sample, nframes);
+    // A young process's samples go out at once (see `ProcInfo::eager_samples`).
+    let mut eager = false;
+    if let Some(info) = PROCS.get_ptr_mut(&pid) {
+        let info = unsafe { &mut *info };
+        if info.eager_samples > 0 {
+            info.eager_samples -= 1;
+            eager = true;
+        }
+    }
+    emit(sample, nframes, eager);
     0
 }
 
@@ -517,7 +526,7 @@ extern "C" fn deep_step(_index: u64, ctx: *mut c_void) -> i64 {
 }
 
 #[inline(always)]
-fn emit(sample: &Sample, nframes: usize) {
+fn emit(sample: &Sample, nframes: usize, eager: bool) {
     let len = size_of::<SampleHeader>() + nframes * size_of::<FrameRecord>();
     if len > size_of::<Sample>() {
         return;
@@ -533,7 +542,8 @@ fn emit(sample: &Sample, nframes: usize) {
     if let Some(last) = LAST_WAKEUP.get_ptr_mut(0) {
         let now = sample.header.time_ns;
         let last = unsafe { &mut *last };
-        if now.wrapping_sub(*last) >= RINGBUF_WAKEUP_NS
+        if eager
+            || now.wrapping_sub(*last) >= RINGBUF_WAKEUP_NS
             || EVENTS.query(BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES
         {
             wakeup = BPF_RB_FORCE_WAKEUP;

@@ -103,7 +103,7 @@ impl Sampler {
         let info = ProcInfo {
             runtime,
             layout,
-            _pad0: 0,
+            eager_samples: profiler_common::EAGER_SAMPLES,
             pidns_dev,
             pidns_ino,
         };
