@@ -247,6 +247,16 @@ impl Workload {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The value of a `<name> <value>` line the workload printed before `ready` (for
+    /// example a thread id).
+    pub fn printed(&self, name: &str) -> String {
+        self.lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("the workload did not print `{name} ...`"))
+            .to_string()
+    }
 }
 
 impl Drop for Workload {

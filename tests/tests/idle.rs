@@ -19,15 +19,6 @@ fn thread_stacks<'a>(
         .filter(move |(s, _)| s.iter().any(|f| f.starts_with(&prefix)))
 }
 
-fn tid_of(workload: &Workload, name: &str) -> String {
-    workload
-        .lines
-        .iter()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("workload did not print the {name} thread id"))
-        .to_string()
-}
-
 #[test]
 fn idle_threads_are_sampled_at_the_rate() {
     let interps = interpreters_logged();
@@ -40,8 +31,8 @@ fn idle_threads_are_sampled_at_the_rate() {
     for interp in &interps {
         let workload = Workload::start(interp, "idle.py", &[]);
         let pid = workload.pid().to_string();
-        let sleepy = tid_of(&workload, "sleepy");
-        let busy = tid_of(&workload, "busy");
+        let sleepy = workload.printed("sleepy");
+        let busy = workload.printed("busy");
         let args = ["-p", &pid, "-d", &duration, "-r", &rate, "--threads"];
         let with = record(&[&args[..], &["--idle"]].concat());
         let without = record(&args);

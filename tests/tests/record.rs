@@ -116,15 +116,7 @@ fn cpu_split_is_measured_within_five_points() {
 fn two_threads_are_attributed_to_their_tids() {
     for interp in &interpreters_logged() {
         let workload = Workload::start(interp, "threads.py", &[]);
-        let tid_of = |name: &str| -> String {
-            workload
-                .lines
-                .iter()
-                .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                .unwrap_or_else(|| panic!("{name} tid not printed"))
-                .to_string()
-        };
-        let (alpha, beta) = (tid_of("alpha"), tid_of("beta"));
+        let (alpha, beta) = (workload.printed("alpha"), workload.printed("beta"));
         let pid = workload.pid().to_string();
         let rec = record(&["-p", &pid, "-d", "2", "--threads"]);
         drop(workload);

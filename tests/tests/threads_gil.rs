@@ -19,15 +19,6 @@ fn thread_samples(rec: &Recording, tid: &str, function: &str) -> u64 {
         .sum()
 }
 
-fn tid_of(workload: &Workload, name: &str) -> String {
-    workload
-        .lines
-        .iter()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("workload did not print the {name} thread id"))
-        .to_string()
-}
-
 #[test]
 fn gil_keeps_only_gil_holders() {
     let interps = interpreters_logged();
@@ -36,8 +27,8 @@ fn gil_keeps_only_gil_holders() {
     for interp in &interps {
         let workload = Workload::start(interp, "gil.py", &[]);
         let pid = workload.pid().to_string();
-        let python = tid_of(&workload, "python");
-        let hash = tid_of(&workload, "hash");
+        let python = workload.printed("python");
+        let hash = workload.printed("hash");
         let with = record(&["-p", &pid, "-d", "2", "--threads", "--gil"]);
         let without = record(&["-p", &pid, "-d", "2", "--threads"]);
         drop(workload);
