@@ -200,7 +200,7 @@ impl StackCopy {
             let size = bytes
                 .u64_at(layout.chunk.size as usize)
                 .ok_or("short chunk header")?;
-            total += size;
+            total = total.saturating_add(size);
             if size < layout.chunk.data as u64 || total > MAX_CHUNK_BYTES {
                 return Err(format!(
                     "implausible stack chunk of {size} bytes at {addr:#x}"
@@ -209,7 +209,7 @@ impl StackCopy {
             if size as usize > bytes.len() {
                 let rest = read(
                     mem,
-                    addr + bytes.len() as u64,
+                    addr.wrapping_add(bytes.len() as u64),
                     size as usize - bytes.len(),
                     reads,
                 )?;
@@ -248,7 +248,7 @@ impl StackCopy {
             }
             let copied = self.chunks.iter().find_map(|c| {
                 let start = frame.checked_sub(c.addr)?;
-                let end = start + FRAME_HEADER_BYTES as u64;
+                let end = start.checked_add(FRAME_HEADER_BYTES as u64)?;
                 (start >= data_start && end <= c.bytes.len() as u64)
                     .then(|| &c.bytes[start as usize..end as usize])
             });

@@ -257,13 +257,13 @@ pub fn host_path(pid: u32, path: &str) -> PathBuf {
 }
 
 fn runtime_address(maps: &[Mapping], binary: &str, elf: &PythonElf) -> Option<u64> {
-    maps.iter()
-        .filter(|m| m.path == binary)
-        .find(|m| {
-            elf.runtime_file_offset >= m.offset
-                && elf.runtime_file_offset < m.offset + (m.end - m.start)
-        })
-        .map(|m| m.start + (elf.runtime_file_offset - m.offset))
+    maps.iter().filter(|m| m.path == binary).find_map(|m| {
+        let inside = elf
+            .runtime_file_offset
+            .checked_sub(m.offset)
+            .filter(|&at| at < m.end.saturating_sub(m.start))?;
+        m.start.checked_add(inside)
+    })
 }
 
 fn layout_of(

@@ -38,8 +38,8 @@ pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
         .find_map(|seg| {
             let (offset, size) = seg.file_range();
             let start = seg.address();
-            (runtime_vaddr >= start && runtime_vaddr < start + size)
-                .then(|| offset + (runtime_vaddr - start))
+            let inside = runtime_vaddr.checked_sub(start).filter(|&at| at < size)?;
+            offset.checked_add(inside)
         })
         .ok_or_else(|| {
             anyhow!(

@@ -275,11 +275,16 @@ impl IdleSampler {
     ) -> Result<Vec<(u64, ThreadFields)>, String> {
         let k = &proc.layout.kernel;
         let mut out = Vec::new();
-        let mut interp = self.read_u64(mem, proc.runtime + k.runtime_interpreters_head as u64)?;
+        let mut interp = self.read_u64(
+            mem,
+            proc.runtime
+                .wrapping_add(k.runtime_interpreters_head as u64),
+        )?;
         let mut interps = 0;
         while interp != 0 && interps < MAX_INTERPRETERS {
             interps += 1;
-            let mut tstate = self.read_u64(mem, interp + k.interp_threads_head as u64)?;
+            let mut tstate =
+                self.read_u64(mem, interp.wrapping_add(k.interp_threads_head as u64))?;
             let mut n = 0;
             while tstate != 0 && n < MAX_THREAD_WALK {
                 n += 1;
@@ -288,7 +293,7 @@ impl IdleSampler {
                 out.push((tstate, fields));
                 tstate = next;
             }
-            interp = self.read_u64(mem, interp + k.interp_next as u64)?;
+            interp = self.read_u64(mem, interp.wrapping_add(k.interp_next as u64))?;
         }
         Ok(out)
     }
@@ -325,7 +330,7 @@ impl IdleSampler {
         };
         let mut frame = field(k.tstate_current_frame)?;
         if k.flags & LAYOUT_CFRAME != 0 && frame != 0 {
-            frame = self.read_u64(mem, frame + k.cframe_current_frame as u64)?;
+            frame = self.read_u64(mem, frame.wrapping_add(k.cframe_current_frame as u64))?;
         }
         Ok(ThreadFields {
             next: field(k.tstate_next)?,

@@ -22,6 +22,9 @@ pub mod session;
 pub mod symbolize;
 pub mod top;
 
+#[cfg(test)]
+mod hostile_memory;
+
 /// Bad usage or input: reported as one line, exit code 2.
 #[derive(Debug)]
 pub struct UsageError(pub String);

@@ -84,8 +84,8 @@ impl ProcessMemory {
         match self.read_vec(addr, len) {
             Ok(buf) => Ok(buf),
             Err(ReadError::Failed { .. } | ReadError::Short { .. }) => {
-                let page_end = (addr | 0xfff) + 1;
-                let first = ((page_end - addr) as usize).min(len);
+                let to_page_end = 0x1000 - (addr & 0xfff);
+                let first = (to_page_end as usize).min(len);
                 self.read_vec(addr, first)
             }
             Err(e) => Err(e),

@@ -29,7 +29,7 @@ pub struct CodeInfo {
 impl CodeInfo {
     /// Line executing at `instr` (the frame's instruction pointer), given the code's address.
     pub fn line_at_instr(&self, layout: &PyLayout, code: u64, instr: u64) -> u32 {
-        let start = code + layout.code.code_adaptive as u64;
+        let start = code.wrapping_add(layout.code.code_adaptive as u64);
         if instr < start {
             // A frame that has not started executing points before its first instruction.
             return self.firstlineno;
@@ -75,7 +75,9 @@ pub fn code_tag(mem: &ProcessMemory, layout: &PyLayout, code_bytes: &[u8]) -> Re
             .u64_at(k.tag_deref_ptr as usize)
             .context("code object too short")?;
         // The kernel folds 0 in when this read fails; so do we.
-        deref = mem.read_u64(ptr + k.tag_deref_field as u64).unwrap_or(0);
+        deref = mem
+            .read_u64(ptr.wrapping_add(k.tag_deref_field as u64))
+            .unwrap_or(0);
     }
     Ok(fold_tag(&words, deref))
 }
@@ -146,7 +148,7 @@ pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Str
     let data = if need <= head.len() {
         head[data_off..need].to_vec()
     } else {
-        mem.read_vec(addr + data_off as u64, length as usize * width)?
+        mem.read_vec(addr.wrapping_add(data_off as u64), length as usize * width)?
     };
     Ok(match width {
         1 => data.iter().map(|&b| b as char).collect(),
@@ -178,5 +180,5 @@ pub fn read_bytes(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<V
     if end <= head.len() {
         return Ok(head[start..end].to_vec());
     }
-    Ok(mem.read_vec(addr + start as u64, size as usize)?)
+    Ok(mem.read_vec(addr.wrapping_add(start as u64), size as usize)?)
 }

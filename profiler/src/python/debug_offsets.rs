@@ -620,8 +620,9 @@ fn gil(v: &Values) -> Result<(u32, u16, u16, u16), DebugOffsetsError> {
     let base = v.get("interpreter_state", "gil_runtime_state")?;
     let locked = v.get("interpreter_state", "gil_runtime_state_locked")?;
     let holder = v.get("interpreter_state", "gil_runtime_state_holder")?;
-    let inside = |at: u64, width: u64| at >= base && at + width <= size && at - base < 256;
-    if pointer + 8 > size || !inside(locked, 4) || !inside(holder, 8) || locked == holder {
+    let fits = |at: u64, width: u64| at.checked_add(width).is_some_and(|end| end <= size);
+    let inside = |at: u64, width: u64| at >= base && fits(at, width) && at - base < 256;
+    if !fits(pointer, 8) || !inside(locked, 4) || !inside(holder, 8) || locked == holder {
         return Ok((0, 0, 0, 0));
     }
     Ok((
@@ -701,12 +702,17 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
     })
 }
 
+/// Synthetic `_Py_DebugOffsets` structs, for tests here and of code fed by these layouts.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
 
     /// A struct of the given shape whose every value is its own index (offset-like, small).
-    fn synthetic(hex: u64, sections: &[Section], fill: impl Fn(&str, &str) -> u64) -> Vec<u8> {
+    pub(crate) fn synthetic(
+        hex: u64,
+        sections: &[Section],
+        fill: impl Fn(&str, &str) -> u64,
+    ) -> Vec<u8> {
         let mut out = COOKIE.to_vec();
         out.extend_from_slice(&hex.to_le_bytes());
         out.extend_from_slice(&0u64.to_le_bytes());
@@ -720,7 +726,7 @@ mod tests {
     }
 
     /// Plausible values: sizes large, fields spread out.
-    fn plausible(section: &str, field: &str) -> u64 {
+    pub(crate) fn plausible(section: &str, field: &str) -> u64 {
         if field == "size" {
             return if section == "interpreter_frame" {
                 88
@@ -737,6 +743,53 @@ mod tests {
             (_, f) => 8 * (f.len() as u64),
         }
     }
+
+    /// `_Py_DebugOffsets` words (version, free_threaded, sections…) as found in the Debian sid
+    /// builds of CPython 3.13.18, 3.14.10 and 3.15.2 (x86-64).
+    pub(crate) const SID_3_13_18: &[u64] = &[
+        0x30d12f0, 0, 283408, 608, 632, 194984, 7272, 7264, 7344, 7400, 7656, 7640, 7648, 16, 7752,
+        0, 7768, 7760, 312, 0, 8, 16, 72, 152, 160, 232, 32, 80, 8, 0, 56, 72, 70, 208, 112, 120,
+        128, 136, 68, 52, 96, 104, 200, 16, 8, 416, 24, 88, 168, 32, 24, 16, 40, 24, 16, 48, 32,
+        40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16, 40, 240, 200,
+    ];
+    pub(crate) const SID_3_14_10: &[u64] = &[
+        0x30e0af0, 0, 316616, 784, 808, 225864, 7280, 7272, 7344, 7360, 7408, 7688, 7672, 7680, 16,
+        7784, 0, 7800, 7792, 7992, 0, 832, 0, 8, 16, 72, 152, 160, 232, 32, 88, 8, 0, 56, 80, 74,
+        64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0, 16, 8, 416, 24, 88, 168, 40, 32,
+        16, 40, 24, 16, 200, 24, 40, 32, 48, 32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16,
+        40, 264, 192, 160, 24, 72, 67, 0, 8, 24, 304, 8076, 0, 4, 512,
+    ];
+    pub(crate) const SID_3_15_2: &[u64] = &[
+        0x30f02f0, 0, 346568, 912, 936, 226240, 7272, 7264, 7336, 7352, 7400, 7592, 7576, 7584, 16,
+        7736, 0, 7752, 7744, 7944, 0, 888, 0, 8, 16, 72, 80, 88, 96, 176, 184, 256, 32, 36, 40,
+        136, 288, 0, 88, 8, 0, 56, 80, 74, 64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0,
+        16, 8, 424, 24, 88, 168, 32, 288, 944, 888, 40, 32, 16, 40, 24, 16, 200, 24, 40, 32, 48,
+        32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16, 40, 56, 176, 112, 120, 1120, 104, 160,
+        24, 72, 67, 0, 8, 24, 344, 8028, 0, 4, 512,
+    ];
+
+    pub(crate) fn real(words: &[u64]) -> Vec<u8> {
+        let mut out = COOKIE.to_vec();
+        for w in words {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.resize(READ_SIZE, 0);
+        out
+    }
+
+    /// The layouts of the real 3.13–3.15 structs above.
+    pub(crate) fn layouts() -> Vec<PyLayout> {
+        [SID_3_13_18, SID_3_14_10, SID_3_15_2]
+            .into_iter()
+            .map(|words| parse(&real(words)).expect("a real struct parses"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
 
     #[test]
     fn every_known_shape_fits_read_size() {
@@ -825,36 +878,13 @@ mod tests {
         ));
     }
 
-    /// `_Py_DebugOffsets` words (version, free_threaded, sections…) as found in the Debian sid
-    /// builds of CPython 3.14.10 and 3.15.2 (x86-64).
-    const SID_3_14_10: &[u64] = &[
-        0x30e0af0, 0, 316616, 784, 808, 225864, 7280, 7272, 7344, 7360, 7408, 7688, 7672, 7680, 16,
-        7784, 0, 7800, 7792, 7992, 0, 832, 0, 8, 16, 72, 152, 160, 232, 32, 88, 8, 0, 56, 80, 74,
-        64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0, 16, 8, 416, 24, 88, 168, 40, 32,
-        16, 40, 24, 16, 200, 24, 40, 32, 48, 32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16,
-        40, 264, 192, 160, 24, 72, 67, 0, 8, 24, 304, 8076, 0, 4, 512,
-    ];
-    const SID_3_15_2: &[u64] = &[
-        0x30f02f0, 0, 346568, 912, 936, 226240, 7272, 7264, 7336, 7352, 7400, 7592, 7576, 7584, 16,
-        7736, 0, 7752, 7744, 7944, 0, 888, 0, 8, 16, 72, 80, 88, 96, 176, 184, 256, 32, 36, 40,
-        136, 288, 0, 88, 8, 0, 56, 80, 74, 64, 0, 216, 112, 120, 128, 136, 68, 52, 96, 104, 208, 0,
-        16, 8, 424, 24, 88, 168, 32, 288, 944, 888, 40, 32, 16, 40, 24, 16, 200, 24, 40, 32, 48,
-        32, 40, 24, 16, 32, 16, 24, 40, 16, 32, 64, 32, 16, 40, 56, 176, 112, 120, 1120, 104, 160,
-        24, 72, 67, 0, 8, 24, 344, 8028, 0, 4, 512,
-    ];
-
-    fn real(words: &[u64]) -> Vec<u8> {
-        let mut out = COOKIE.to_vec();
-        for w in words {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
-        out.resize(READ_SIZE, 0);
-        out
-    }
-
     #[test]
     fn real_structs() {
-        for (words, shape) in [(SID_3_14_10, SECTIONS_314), (SID_3_15_2, SECTIONS_315)] {
+        for (words, shape) in [
+            (SID_3_13_18, SECTIONS_313),
+            (SID_3_14_10, SECTIONS_314),
+            (SID_3_15_2, SECTIONS_315),
+        ] {
             let known = known_for(words[0]).unwrap();
             assert_eq!(known.sections, shape);
             // The field list accounts for every word of the struct, no more, no less.
@@ -948,5 +978,37 @@ mod tests {
             parse(&real(&pre_b4)),
             Err(DebugOffsetsError::Implausible { .. })
         ));
+    }
+
+    /// Words that break arithmetic on offsets and sizes.
+    fn hostile_word(rng: &mut fastrand::Rng, honest: u64) -> u64 {
+        match rng.u8(0..6) {
+            0 => honest,
+            1 => u64::MAX - rng.u64(0..16),
+            2 => rng.u64(..),
+            3 => rng.u64(0..512),
+            4 => 1 << rng.u32(0..64),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn hostile_structs_never_panic() {
+        let mut rng = fastrand::Rng::with_seed(0x5eed);
+        for k in KNOWN {
+            let honest = synthetic(k.from_hex, k.sections, plausible);
+            for _ in 0..5000 {
+                let mut bytes = honest.clone();
+                for word in bytes[HEADER_BYTES..].chunks_exact_mut(8) {
+                    if rng.u8(0..8) == 0 {
+                        let was = u64::from_le_bytes(word.try_into().unwrap());
+                        word.copy_from_slice(&hostile_word(&mut rng, was).to_le_bytes());
+                    }
+                }
+                let cut = rng.usize(0..=bytes.len());
+                let _ = parse(&bytes);
+                let _ = parse(&bytes[..cut]);
+            }
+        }
     }
 }
