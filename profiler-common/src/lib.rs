@@ -18,6 +18,8 @@ pub const MAX_LAYOUTS: u32 = 64;
 pub const MAX_PROCS: u32 = 16384;
 /// Cached thread-id → thread-state entries (LRU).
 pub const MAX_THREADS: u32 = 65536;
+/// Code objects the sampler remembers having reported (`SAMPLE_NEW_CODE`), over all processes.
+pub const MAX_SEEN_CODE: u32 = 65536;
 /// Thread states visited per interpreter when a thread's state is not cached.
 pub const MAX_THREAD_WALK: u32 = 256;
 /// Interpreters (main + subinterpreters) visited when looking for a thread state.
@@ -97,7 +99,13 @@ pub struct PyOffsets {
     pub gil_locked: u16,
     /// `_gil_runtime_state.last_holder` (a `PyThreadState *`).
     pub gil_last_holder: u16,
-    pub _pad1: u16,
+    /// `_PyStackChunk.previous`
+    pub chunk_previous: u16,
+    /// `_PyStackChunk.data`: where a chunk's frames start.
+    pub chunk_data: u16,
+    /// `_PyStackChunk.size`: bytes of the chunk, header included.
+    pub chunk_size: u16,
+    pub _pad1: [u16; 2],
 }
 
 /// `PROCS` value: one registered interpreter process.
@@ -131,6 +139,9 @@ pub const SAMPLE_DEEP_INCOMPLETE: u16 = 1 << 3;
 /// `SampleHeader::flags`: the sampled thread held the GIL (`locked && last_holder == tstate`).
 /// Only computed when the layout locates the GIL (`LAYOUT_GIL_MASK`).
 pub const SAMPLE_HOLDS_GIL: u16 = 1 << 4;
+/// `SampleHeader::flags`: a frame's code object (or its tag) was new to the sampler; the record
+/// woke userspace at once, so the object is read while it still exists.
+pub const SAMPLE_NEW_CODE: u16 = 1 << 5;
 
 /// One interpreter frame as seen in the kernel.
 #[repr(C)]
@@ -250,7 +261,13 @@ pub mod stat {
     pub const EXIT_PROCS_REMOVED: u32 = 12;
     /// `THREADS` entries removed by the kernel when their thread exited.
     pub const EXIT_THREADS_REMOVED: u32 = 13;
-    pub const COUNT: u32 = 14;
+    /// A walk read `MAX_STACK_WINDOWS` stack windows; its remaining frames were read one by one.
+    pub const WINDOW_LIMIT: u32 = 14;
+    /// Stack windows read (bulk copies of a stack chunk's frames).
+    pub const WINDOWS: u32 = 15;
+    /// Samples with a code object new to the sampler, which woke userspace at once.
+    pub const NEW_CODE: u32 = 16;
+    pub const COUNT: u32 = 17;
 }
 
 #[cfg(feature = "user")]

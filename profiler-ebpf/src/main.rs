@@ -8,6 +8,8 @@
 mod lifecycle;
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod window;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

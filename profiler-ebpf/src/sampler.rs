@@ -1,11 +1,11 @@
 use core::ffi::c_void;
 
+use crate::window::{self, frame_words};
 use aya_ebpf::{
     bindings::bpf_pidns_info,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
-        bpf_probe_read_user_buf,
-        generated::{bpf_get_ns_current_pid_tgid, bpf_loop},
+        generated::{bpf_get_ns_current_pid_tgid, bpf_loop, bpf_probe_read_user as read_user_raw},
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -13,24 +13,21 @@ use aya_ebpf::{
 };
 use profiler_common::{
     fold_frame, fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader,
-    CODE_TAG_BYTES, FRAME_HEADER_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP,
-    LAYOUT_GIL_MASK, MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS,
-    MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR,
-    SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
+    CODE_TAG_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP, LAYOUT_GIL_MASK,
+    MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS, MAX_SEEN_CODE,
+    MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_NEW_CODE,
+    SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
 };
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
 const RINGBUF_BYTES: u32 = 8 << 20;
 /// Queued bytes past which a record wakes the reader (see `emit`).
 const RINGBUF_WAKEUP_BYTES: u64 = 1 << 20;
-/// Longest a CPU's records wait in the ring buffer before one wakes the reader (see `emit`).
-const RINGBUF_WAKEUP_NS: u64 = 20_000_000;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
-/// Power of two so the verifier can bound the word index with a mask.
-const HEADER_WORDS: usize = 16;
-const _: () = assert!(FRAME_HEADER_BYTES <= HEADER_WORDS * 8);
+/// The thread-state fields a sample needs are read in one go: up to 512 bytes apart.
+const TSTATE_WORDS: usize = 64;
 
 #[map]
 pub(crate) static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(MAX_PROCS, 0);
@@ -39,17 +36,20 @@ pub(crate) static LAYOUTS: Array<PyOffsets> = Array::with_max_entries(MAX_LAYOUT
 /// tid → PyThreadState address; revalidated on every use.
 #[map]
 pub(crate) static THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_THREADS, 0);
+/// (pid, code address) → tag of the code objects samples have carried as their leaf. A leaf
+/// whose code is missing here, or here with another tag, is new: its sample wakes userspace
+/// at once, because a short-lived code object can only be named while it exists. Everything
+/// else waits for userspace's drain timer.
+#[map]
+static SEEN_CODE: LruHashMap<[u64; 2], u64> = LruHashMap::with_max_entries(MAX_SEEN_CODE, 0);
 #[map]
 pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 /// The record under construction (too large for the 512-byte BPF stack).
 #[map]
 static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
-/// One frame header, read with a single probe and then picked apart by layout offsets.
+/// The span of a thread state that holds the fields a sample reads.
 #[map]
-static FRAME_HEADER: PerCpuArray<[u64; HEADER_WORDS]> = PerCpuArray::with_max_entries(1, 0);
-/// When this CPU last woke the ring-buffer reader.
-#[map]
-static LAST_WAKEUP: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static TSTATE: PerCpuArray<[u64; TSTATE_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 
@@ -61,7 +61,7 @@ pub(crate) fn bump(index: u32) {
 }
 
 #[inline(always)]
-fn read_u64(addr: u64) -> Option<u64> {
+pub(crate) fn read_u64(addr: u64) -> Option<u64> {
     let value = unsafe { bpf_probe_read_user(addr as *const u64) };
     if value.is_err() {
         bump(stat::READ_ERRORS);
@@ -83,11 +83,12 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         bump(stat::BAD_LAYOUT);
         return 0;
     };
-    let Some((tstate, cached)) = find_tstate(tid, native_tid(tid, proc), proc, layout) else {
+    let Some((tstate, cached, fields)) = find_tstate(tid, native_tid(tid, proc), proc, layout)
+    else {
         bump(stat::NO_TSTATE);
         return 0;
     };
-    let Some(frame) = current_frame(tstate, layout) else {
+    let Some(frame) = current_frame(&fields, layout) else {
         return 0;
     };
     if frame == 0 {
@@ -100,7 +101,7 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         0
     };
     // The walk writes frames into SCRATCH itself; the header is filled in afterwards.
-    let (nframes, next_frame, flags) = walk(frame, proc.layout);
+    let (nframes, next_frame, flags) = walk(frame, pid, proc.layout, fields.chunk);
     if nframes == 0 {
         bump(stat::NO_FRAME);
         return 0;
@@ -108,11 +109,10 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
     if flags & SAMPLE_TRUNCATED != 0 {
         bump(stat::TRUNCATED);
     }
-    let (mut deep_hash, mut deep_frames, mut datastack_chunk) = (0, 0, 0);
+    let (mut deep_hash, mut deep_frames) = (0, 0);
+    let datastack_chunk = fields.chunk;
     let mut flags = flags;
-    if flags == SAMPLE_TRUNCATED {
-        // Only completion needs the chunk list: one read saved on every shallow sample.
-        datastack_chunk = read_u64(tstate + layout.tstate_datastack_chunk as u64).unwrap_or(0);
+    if flags & !SAMPLE_NEW_CODE == SAMPLE_TRUNCATED {
         let deep = deep_walk(next_frame, proc.layout);
         deep_hash = deep.hash;
         deep_frames = deep.frames;
@@ -146,6 +146,10 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
             info.eager_samples -= 1;
             eager = true;
         }
+    }
+    if flags & SAMPLE_NEW_CODE != 0 {
+        bump(stat::NEW_CODE);
+        eager = true;
     }
     emit(sample, nframes, eager);
     0
@@ -230,12 +234,14 @@ fn find_tstate(
     native_tid: u32,
     proc: &ProcInfo,
     layout: &PyOffsets,
-) -> Option<(u64, bool)> {
-    let native_id = layout.tstate_native_thread_id as u64;
+) -> Option<(u64, bool, ThreadFields)> {
     if let Some(&cached) = unsafe { THREADS.get(&tid) } {
-        if read_u64(cached + native_id) == Some(native_tid as u64) {
-            bump(stat::TSTATE_CACHE_HITS);
-            return Some((cached, true));
+        match thread_fields(cached, layout) {
+            Some(fields) if fields.native_id == native_tid as u64 => {
+                bump(stat::TSTATE_CACHE_HITS);
+                return Some((cached, true, fields));
+            }
+            _ => {}
         }
         let _ = THREADS.remove(&tid);
     }
@@ -266,7 +272,7 @@ fn find_tstate(
     };
     if found != 0 {
         let _ = THREADS.insert(&tid, &found, 0);
-        return Some((found, false));
+        return Some((found, false, thread_fields(found, layout)?));
     }
     if search.done == 0 {
         bump(stat::THREAD_WALK_LIMIT);
@@ -311,7 +317,8 @@ extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
     if read_u64(search.tstate + layout.tstate_native_thread_id as u64) == Some(search.tid as u64) {
         // Creating a subinterpreter leaves an idle state with the creator's id in the new
         // interpreter's list: prefer the state that is running Python.
-        if current_frame(search.tstate, layout).is_some_and(|f| f != 0) {
+        let frame = thread_fields(search.tstate, layout).and_then(|f| current_frame(&f, layout));
+        if frame.is_some_and(|f| f != 0) {
             search.found = search.tstate;
             search.done = 1;
             return 1;
@@ -330,21 +337,52 @@ extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// The thread-state fields a sample needs.
+struct ThreadFields {
+    native_id: u64,
+    /// `current_frame`, or the `_PyCFrame` pointer with `LAYOUT_CFRAME`.
+    current: u64,
+    /// `datastack_chunk`: where the stack windows start.
+    chunk: u64,
+}
+
+/// One read of the thread state from its lowest to its highest needed field (the offsets
+/// are 8-aligned pointer and `unsigned long` fields, at most `TSTATE_WORDS` words apart).
 #[inline(always)]
-fn current_frame(tstate: u64, layout: &PyOffsets) -> Option<u64> {
-    let first = read_u64(tstate + layout.tstate_current_frame as u64)?;
-    if layout.flags & LAYOUT_CFRAME == 0 {
-        return Some(first);
+fn thread_fields(tstate: u64, layout: &PyOffsets) -> Option<ThreadFields> {
+    let offsets = [
+        layout.tstate_native_thread_id,
+        layout.tstate_current_frame,
+        layout.tstate_datastack_chunk,
+    ];
+    let lo = offsets[0].min(offsets[1]).min(offsets[2]) as u64 & !7;
+    let hi = offsets[0].max(offsets[1]).max(offsets[2]) as u64 + 8;
+    let len = hi - lo;
+    if len > (TSTATE_WORDS * 8) as u64 {
+        bump(stat::BAD_LAYOUT);
+        return None;
     }
-    if first == 0 {
-        return Some(0);
+    let buf = TSTATE.get_ptr_mut(0)?;
+    let src = tstate.wrapping_add(lo);
+    if unsafe { read_user_raw(buf as *mut c_void, len as u32, src as *const c_void) } != 0 {
+        bump(stat::READ_ERRORS);
+        return None;
     }
-    read_u64(first + layout.cframe_current_frame as u64)
+    let buf = unsafe { &*buf };
+    let at = |off: u16| buf[((off as u64 - lo) / 8) as usize & (TSTATE_WORDS - 1)];
+    Some(ThreadFields {
+        native_id: at(layout.tstate_native_thread_id),
+        current: at(layout.tstate_current_frame),
+        chunk: at(layout.tstate_datastack_chunk),
+    })
 }
 
 #[inline(always)]
-fn word(header: &[u64; HEADER_WORDS], offset: u16) -> u64 {
-    header[(offset as usize / 8) & (HEADER_WORDS - 1)]
+fn current_frame(fields: &ThreadFields, layout: &PyOffsets) -> Option<u64> {
+    if layout.flags & LAYOUT_CFRAME == 0 || fields.current == 0 {
+        return Some(fields.current);
+    }
+    read_u64(fields.current + layout.cframe_current_frame as u64)
 }
 
 /// State of the frame walk, carried across `bpf_loop` iterations.
@@ -356,6 +394,7 @@ struct Walk {
     last_tag: u64,
     /// Records written (shims included).
     nframes: u32,
+    pid: u32,
     layout: u32,
     flags: u32,
     done: u32,
@@ -368,12 +407,14 @@ struct Walk {
 /// and dropped by userspace: writing record `i` at iteration `i` keeps the loop state free of
 /// counters, so the verifier checks the body once instead of once per frame.
 #[inline(always)]
-fn walk(frame: u64, layout: u32) -> (usize, u64, u16) {
+fn walk(frame: u64, pid: u32, layout: u32, chunk: u64) -> (usize, u64, u16) {
+    window::reset(chunk);
     let mut walk = Walk {
         frame,
         last_code: 0,
         last_tag: 0,
         nframes: 0,
+        pid,
         layout,
         flags: 0,
         done: 0,
@@ -390,7 +431,11 @@ fn walk(frame: u64, layout: u32) -> (usize, u64, u16) {
     if walk.done == 0 && walk.frame != 0 {
         flags |= SAMPLE_TRUNCATED;
     }
-    let next = if flags != 0 { walk.frame } else { 0 };
+    let next = if flags & (SAMPLE_TRUNCATED | SAMPLE_READ_ERROR) != 0 {
+        walk.frame
+    } else {
+        0
+    };
     (walk.nframes as usize, next, flags)
 }
 
@@ -402,25 +447,18 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
         walk.done = 1;
         return 1;
     }
-    let (Some(layout), Some(header), Some(sample)) = (
-        LAYOUTS.get(walk.layout),
-        FRAME_HEADER.get_ptr_mut(0),
-        SCRATCH.get_ptr_mut(0),
-    ) else {
+    let (Some(layout), Some(sample)) = (LAYOUTS.get(walk.layout), SCRATCH.get_ptr_mut(0)) else {
         walk.flags |= SAMPLE_READ_ERROR as u32;
         return 1;
     };
-    let header = unsafe { &mut *header };
-    let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
-    if unsafe { bpf_probe_read_user_buf(walk.frame as *const u8, bytes) }.is_err() {
-        bump(stat::READ_ERRORS);
+    let Some(words) = frame_words(walk.frame, layout) else {
         walk.flags |= SAMPLE_READ_ERROR as u32;
         return 1;
-    }
-    let previous = word(header, layout.frame_previous);
-    let mut code = word(header, layout.frame_executable) & layout.executable_mask;
+    };
+    let previous = words.previous;
+    let mut code = words.executable & layout.executable_mask;
     let owner_shift = (layout.frame_owner % 8) * 8;
-    let owner = (word(header, layout.frame_owner) >> owner_shift) & 0xff;
+    let owner = (words.owner >> owner_shift) & 0xff;
     if owner < 32 && layout.skip_owner_mask & (1 << owner) != 0 {
         code = 0;
     }
@@ -452,12 +490,19 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
         tag = fold_tag(&window, deref);
         walk.last_code = code;
         walk.last_tag = tag;
+        // The leaf only: a code object runs as the leaf before anything else, and one map
+        // lookup per sample is cheap where one per frame is not.
+        let key = [walk.pid as u64, code];
+        if index == 0 && unsafe { SEEN_CODE.get(&key) } != Some(&tag) {
+            let _ = SEEN_CODE.insert(&key, &tag, 0);
+            walk.flags |= SAMPLE_NEW_CODE as u32;
+        }
     }
     let sample = unsafe { &mut *sample };
     let slot = &mut sample.frames[index as usize & (MAX_FRAMES - 1)];
     slot.frame = walk.frame;
     slot.code = code;
-    slot.instr = word(header, layout.frame_instr_ptr);
+    slot.instr = words.instr;
     slot.tag = tag;
     walk.nframes = index as u32 + 1;
     walk.frame = previous;
@@ -507,21 +552,16 @@ extern "C" fn deep_step(_index: u64, ctx: *mut c_void) -> i64 {
         deep.complete = 1;
         return 1;
     }
-    let (Some(layout), Some(header)) = (LAYOUTS.get(deep.layout), FRAME_HEADER.get_ptr_mut(0))
-    else {
+    let Some(layout) = LAYOUTS.get(deep.layout) else {
         return 1;
     };
-    let header = unsafe { &mut *header };
-    let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
-    if unsafe { bpf_probe_read_user_buf(deep.frame as *const u8, bytes) }.is_err() {
-        bump(stat::READ_ERRORS);
+    let Some(words) = frame_words(deep.frame, layout) else {
         return 1;
-    }
-    let code = word(header, layout.frame_executable) & layout.executable_mask;
-    let instr = word(header, layout.frame_instr_ptr);
-    deep.hash = fold_frame(deep.hash, deep.frame, code, instr);
+    };
+    let code = words.executable & layout.executable_mask;
+    deep.hash = fold_frame(deep.hash, deep.frame, code, words.instr);
     deep.frames += 1;
-    deep.frame = word(header, layout.frame_previous);
+    deep.frame = words.previous;
     0
 }
 
@@ -533,23 +573,15 @@ fn emit(sample: &Sample, nframes: usize, eager: bool) {
     }
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
-    // Waking the reader for every record costs an interrupt (a VM exit on virtual machines)
-    // per sample. Wake it at most every RINGBUF_WAKEUP_NS per CPU, or when the buffer fills:
-    // at high rates most records ride along, while samples still reach userspace while their
-    // code objects are alive (a short-lived function's frames can only be named until it is
-    // freed). Userspace also drains on a timer.
-    let mut wakeup = BPF_RB_NO_WAKEUP;
-    if let Some(last) = LAST_WAKEUP.get_ptr_mut(0) {
-        let now = sample.header.time_ns;
-        let last = unsafe { &mut *last };
-        if eager
-            || now.wrapping_sub(*last) >= RINGBUF_WAKEUP_NS
-            || EVENTS.query(BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES
-        {
-            wakeup = BPF_RB_FORCE_WAKEUP;
-            *last = now;
-        }
-    }
+    // Waking the reader costs an interrupt (a VM exit on virtual machines) here and a
+    // context switch there, so userspace drains on its own timer and is woken only when the
+    // buffer fills up, or for a young process's samples, which must be symbolized before
+    // the process (and its code objects) may be gone.
+    let wakeup = if eager || EVENTS.query(BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
     match EVENTS.output::<[u64]>(bytes, wakeup) {
         Ok(()) => bump(stat::EMITTED),
         Err(_) => bump(stat::RINGBUF_DROPS),

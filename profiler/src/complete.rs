@@ -198,10 +198,10 @@ impl StackCopy {
                 .read_upto(addr, CHUNK_FIRST_READ)
                 .map_err(|e| e.to_string())?;
             let size = bytes
-                .u64_at(layout.chunk.size as usize)
+                .u64_at(layout.kernel.chunk_size as usize)
                 .ok_or("short chunk header")?;
             total = total.saturating_add(size);
-            if size < layout.chunk.data as u64 || total > MAX_CHUNK_BYTES {
+            if size < layout.kernel.chunk_data as u64 || total > MAX_CHUNK_BYTES {
                 return Err(format!(
                     "implausible stack chunk of {size} bytes at {addr:#x}"
                 ));
@@ -217,7 +217,7 @@ impl StackCopy {
             }
             bytes.truncate(size as usize);
             let previous = bytes
-                .u64_at(layout.chunk.previous as usize)
+                .u64_at(layout.kernel.chunk_previous as usize)
                 .ok_or("short chunk header")?;
             chunks.push(Chunk { addr, bytes });
             addr = previous;
@@ -237,7 +237,7 @@ impl StackCopy {
         reads: &mut u64,
     ) -> Result<WalkedStack, String> {
         let k = &layout.kernel;
-        let data_start = layout.chunk.data as u64;
+        let data_start = layout.kernel.chunk_data as u64;
         let mut frames = Vec::new();
         let mut hash = 0u64;
         let mut count = 0u32;

@@ -24,7 +24,9 @@ use crate::symbolize::Symbolizer;
 /// How often the event loops drain the sample ring buffer. The kernel wakes userspace only
 /// when the buffer fills up (a wake-up per sample would cost an interrupt each), so this
 /// bounds how long a sample waits before it is symbolized.
-pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often watched processes are checked against `/proc` (see `Session::reap`).
+const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One Python frame of a sample, symbolized.
 #[derive(Clone, Debug)]
@@ -94,6 +96,8 @@ pub struct Session {
     gil: bool,
     /// Off-CPU sampling from the thread lists (`--idle`).
     idle: Option<IdleSampler>,
+    /// When `/proc` was last checked for watched processes that are gone.
+    last_sweep: std::time::Instant,
 }
 
 /// Sizes of the session's per-process state, for leak checks and benchmarks.
@@ -124,6 +128,7 @@ impl Session {
             lifecycle: Lifecycle::default(),
             gil: false,
             idle: None,
+            last_sweep: std::time::Instant::now(),
         })
     }
 
@@ -259,6 +264,12 @@ impl Session {
                 idle.forget_process(pid);
             }
         }
+        // Exit events normally remove processes at once; the sweep only catches exits whose
+        // event was lost (counted as lifecycle drops), so once a second is enough.
+        if self.last_sweep.elapsed() < SWEEP_INTERVAL {
+            return Vec::new();
+        }
+        self.last_sweep = std::time::Instant::now();
         let gone: Vec<u32> = self
             .procs
             .keys()
@@ -538,11 +549,17 @@ impl Session {
 
 /// A process that still runs (exists and is not a zombie).
 pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
-            .is_some_and(|state| state != 'Z' && state != 'X'),
-        Err(_) => false,
-    }
+    use std::io::Read;
+    // One read into a fixed buffer: the state follows the pid and the command name (at most
+    // 16 bytes), so 256 bytes always reach it.
+    let mut buf = [0u8; 256];
+    let Ok(n) = std::fs::File::open(format!("/proc/{pid}/stat")).and_then(|mut f| f.read(&mut buf))
+    else {
+        return false;
+    };
+    let stat = &buf[..n];
+    stat.iter()
+        .rposition(|&b| b == b')')
+        .and_then(|at| stat[at + 1..].iter().find(|b| !b.is_ascii_whitespace()))
+        .is_some_and(|&state| state != b'Z' && state != b'X')
 }

@@ -827,8 +827,10 @@ fn check_chunks(p: &Probe, l: &PyLayout) -> Check {
     )?;
     let header = |c: u64| -> Result<(u64, u64, u64), String> {
         Ok((
-            p.mem.u64_in(c + u64::from(ch.previous), View::Stack)?,
-            p.mem.u64_in(c + u64::from(ch.size), View::Stack)?,
+            p.mem
+                .u64_in(c + u64::from(l.kernel.chunk_previous), View::Stack)?,
+            p.mem
+                .u64_in(c + u64::from(l.kernel.chunk_size), View::Stack)?,
             p.mem.u64_in(c + u64::from(ch.top), View::Stack)?,
         ))
     };
@@ -836,7 +838,8 @@ fn check_chunks(p: &Probe, l: &PyLayout) -> Check {
     ensure(size >= 4096 && size % 8 == 0 && size < 1 << 30, || {
         format!("chunk {chunk:#x}: size {size}")
     })?;
-    let inside = |c: u64, size: u64, f: u64| f >= c + u64::from(ch.data) && f < c + size;
+    let inside =
+        |c: u64, size: u64, f: u64| f >= c + u64::from(l.kernel.chunk_data) && f < c + size;
     let thread_owned: Vec<(u64, u64)> = frames
         .iter()
         .filter(|f| !f["generator"].as_bool().unwrap_or(false))
@@ -849,7 +852,7 @@ fn check_chunks(p: &Probe, l: &PyLayout) -> Check {
         "the stack did not span two chunks; raise RECURSION in the probe".into()
     })?;
     let (_, psize, ptop) = header(previous)?;
-    let ptop_addr = previous + u64::from(ch.data) + 8 * ptop;
+    let ptop_addr = previous + u64::from(l.kernel.chunk_data) + 8 * ptop;
     ensure(ptop > 0 && ptop_addr <= previous + psize, || {
         format!("previous chunk: top {ptop} size {psize}")
     })?;
@@ -895,12 +898,15 @@ fn check_chunks(p: &Probe, l: &PyLayout) -> Check {
         .map(|&(f, _)| f)
         .filter(|&f| inside(chunk, size, f))
         .min();
-    ensure(lowest == Some(chunk + u64::from(ch.data)), || {
-        format!(
-            "lowest frame of the current chunk {lowest:x?}, chunk data at {:#x}",
-            chunk + u64::from(ch.data)
-        )
-    })?;
+    ensure(
+        lowest == Some(chunk + u64::from(l.kernel.chunk_data)),
+        || {
+            format!(
+                "lowest frame of the current chunk {lowest:x?}, chunk data at {:#x}",
+                chunk + u64::from(l.kernel.chunk_data)
+            )
+        },
+    )?;
     ensure(
         in_current > 0 && in_previous > 0 && spacing_checked > 100,
         || {
@@ -1010,10 +1016,10 @@ fn offsets_of(l: &mut PyLayout) -> Vec<(&'static str, &mut u16)> {
         ("unicode.state", &mut l.unicode.state),
         ("unicode.ascii_data", &mut l.unicode.ascii_data),
         ("unicode.compact_data", &mut l.unicode.compact_data),
-        ("chunk.previous", &mut l.chunk.previous),
-        ("chunk.size", &mut l.chunk.size),
+        ("chunk_previous", &mut k.chunk_previous),
+        ("chunk_size", &mut k.chunk_size),
         ("chunk.top", &mut l.chunk.top),
-        ("chunk.data", &mut l.chunk.data),
+        ("chunk_data", &mut k.chunk_data),
         ("thread.thread_id", &mut l.thread.thread_id),
         ("thread.interp", &mut l.thread.interp),
         ("ob_type", &mut l.ob_type),

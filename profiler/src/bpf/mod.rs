@@ -28,6 +28,9 @@ pub struct KernelStats {
     pub proc_event_drops: u64,
     pub exit_procs_removed: u64,
     pub exit_threads_removed: u64,
+    pub window_limit: u64,
+    pub windows: u64,
+    pub new_code: u64,
 }
 
 /// Entries in the kernel's per-process and per-thread maps, for leak checks and benchmarks.
@@ -192,6 +195,9 @@ impl Sampler {
             proc_event_drops: sum(stat::PROC_EVENT_DROPS),
             exit_procs_removed: sum(stat::EXIT_PROCS_REMOVED),
             exit_threads_removed: sum(stat::EXIT_THREADS_REMOVED),
+            window_limit: sum(stat::WINDOW_LIMIT),
+            windows: sum(stat::WINDOWS),
+            new_code: sum(stat::NEW_CODE),
         }
     }
 }

@@ -15,7 +15,7 @@ use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT
 use super::layout::{
     BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
 };
-use super::tables::{code_tag_offset, STACK_CHUNK};
+use super::tables::{code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, STACK_CHUNK};
 
 /// The first eight bytes of `_PyRuntime` in CPython ≥ 3.13.
 pub const COOKIE: &[u8; 8] = b"xdebugpy";
@@ -671,7 +671,10 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         gil_offset,
         gil_locked,
         gil_last_holder,
-        _pad1: 0,
+        chunk_previous: CHUNK_PREVIOUS,
+        chunk_data: CHUNK_DATA,
+        chunk_size: CHUNK_SIZE,
+        _pad1: [0; 2],
     };
     Ok(PyLayout {
         version,

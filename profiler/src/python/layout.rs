@@ -86,12 +86,9 @@ pub struct UnicodeLayout {
 
 /// `_PyStackChunk`: the per-thread arena that holds interpreter frames.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// (`previous`, `size` and `data` are in [`PyOffsets`]: the kernel walk uses them too.)
 pub struct ChunkLayout {
-    pub previous: u16,
-    pub size: u16,
     pub top: u16,
-    /// Start of the frame data inside a chunk.
-    pub data: u16,
 }
 
 /// Thread-state fields userspace reads (beyond those the kernel walk uses).

@@ -24,12 +24,12 @@ const SKIP_OWNERS_312: u32 = 1 << 3;
 
 /// `_PyStackChunk` { previous; size (bytes); top (in `PyObject *` slots); data[] } — the same
 /// in 3.11 through 3.15.
-pub(crate) const STACK_CHUNK: ChunkLayout = ChunkLayout {
-    previous: 0,
-    size: 8,
-    top: 16,
-    data: 24,
-};
+pub(crate) const STACK_CHUNK: ChunkLayout = ChunkLayout { top: 16 };
+/// `_PyStackChunk.previous`, `.size` and `.data`: the same in every version
+/// (`pycore_pystate.h`).
+pub(crate) const CHUNK_PREVIOUS: u16 = 0;
+pub(crate) const CHUNK_SIZE: u16 = 8;
+pub(crate) const CHUNK_DATA: u16 = 24;
 
 /// `struct _gil_runtime_state` { interval (unsigned long, 0); last_holder (8); locked (int, 16);
 /// switch_number; cond; mutex; ... } — the same in 3.11 and 3.12 GIL builds.
@@ -113,7 +113,10 @@ fn layout_311(version: PyVersion) -> PyLayout {
             gil_offset: 360,
             gil_locked: GIL_LOCKED,
             gil_last_holder: GIL_LAST_HOLDER,
-            _pad1: 0,
+            chunk_previous: CHUNK_PREVIOUS,
+            chunk_data: CHUNK_DATA,
+            chunk_size: CHUNK_SIZE,
+            _pad1: [0; 2],
         },
         code,
         // PyBytesObject: PyObject_VAR_HEAD (ob_size at 16), ob_shash (24), ob_sval (32)
@@ -197,7 +200,10 @@ fn layout_312(version: PyVersion) -> PyLayout {
             gil_offset: 384,
             gil_locked: GIL_LOCKED,
             gil_last_holder: GIL_LAST_HOLDER,
-            _pad1: 0,
+            chunk_previous: CHUNK_PREVIOUS,
+            chunk_data: CHUNK_DATA,
+            chunk_size: CHUNK_SIZE,
+            _pad1: [0; 2],
         },
         code,
         bytes: BytesLayout { size: 16, data: 32 },

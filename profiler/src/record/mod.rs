@@ -22,6 +22,8 @@ use stats::{write_stats, MapReport};
 const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// System-wide recordings look for new interpreters this often.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// Reaping, child and target checks and progress run every this many drain ticks (200 ms).
+const HOUSEKEEPING_TICKS: u64 = 2;
 
 /// What is being profiled.
 enum Scope {
@@ -117,8 +119,10 @@ async fn record(args: RecordArgs) -> Result<i32> {
     let mut maps = MapReport::start(&session);
     let started = Instant::now();
     let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
-    let mut drain = tokio::time::interval(crate::session::DRAIN_INTERVAL);
+    // One timer for draining and housekeeping: every wake-up costs a context switch, which at
+    // low sampling rates is most of what recording costs.
+    let mut tick = tokio::time::interval(crate::session::DRAIN_INTERVAL);
+    let mut ticks = 0u64;
     // Idle passes (`--idle`); without it the branch never fires.
     let mut idle_tick = session.idle_period().map(|period| {
         let mut t = tokio::time::interval(period);
@@ -183,12 +187,6 @@ async fn record(args: RecordArgs) -> Result<i32> {
                     aggregator.note_processes(&session);
                 }
             }
-            _ = drain.tick() => {
-                let ring = events.get_mut();
-                while let Some(item) = ring.next() {
-                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-                }
-            }
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for samples")?;
                 let ring = guard.get_inner_mut();
@@ -198,6 +196,14 @@ async fn record(args: RecordArgs) -> Result<i32> {
                 guard.clear_ready();
             }
             _ = tick.tick() => {
+                let ring = events.get_mut();
+                while let Some(item) = ring.next() {
+                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+                }
+                ticks += 1;
+                if !ticks.is_multiple_of(HOUSEKEEPING_TICKS) {
+                    continue;
+                }
                 session.reap();
                 if last_scan.elapsed() >= RESCAN_INTERVAL {
                     if matches!(scope, Scope::Host) {
@@ -216,7 +222,9 @@ async fn record(args: RecordArgs) -> Result<i32> {
                     }
                 }
                 if let Scope::Pids(pids) = &scope {
-                    if pids.iter().all(|&p| !alive(p)) {
+                    // Exit events empty the watch list; /proc has the last word (an exec'd
+                    // target is briefly unwatched until its new image is inspected).
+                    if session.watched().next().is_none() && pids.iter().all(|&p| !alive(p)) {
                         log::info!("every target exited");
                         break;
                     }
