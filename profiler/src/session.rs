@@ -21,10 +21,13 @@ use crate::lifecycle::{Attempt, Lifecycle, LifecycleStats, ProcChange};
 use crate::python::code::CodeInfo;
 use crate::symbolize::Symbolizer;
 
-/// How often the event loops drain the sample ring buffer. The kernel wakes userspace only
-/// when the buffer fills up (a wake-up per sample would cost an interrupt each), so this
-/// bounds how long a sample waits before it is symbolized.
-pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often `record` drains the sample ring buffer. The kernel wakes userspace only when the
+/// buffer fills up, for a young process's samples and for samples running code new to the
+/// sampler (what must be read before it may be freed); everything else can wait, and every
+/// wake-up costs a context switch, which at low rates is most of what recording costs.
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+/// Processes younger than this get eager samples when registered.
+const YOUNG_PROCESS: std::time::Duration = std::time::Duration::from_secs(2);
 /// How often watched processes are checked against `/proc` (see `Session::reap`).
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -214,8 +217,11 @@ impl Session {
         if !self.gil {
             kernel.flags &= !LAYOUT_GIL_MASK;
         }
+        // A process that has run for a while has loaded its code: its samples can wait for
+        // the drain timer (code new to the sampler still wakes userspace at once).
+        let young = process_age(pid).is_none_or(|age| age < YOUNG_PROCESS);
         self.sampler
-            .register(pid, proc.runtime, &kernel)
+            .register(pid, proc.runtime, &kernel, young)
             .map_err(|cause| DiscoveryError::Other {
                 pid,
                 binary: proc.binary.clone(),
@@ -548,6 +554,26 @@ impl Session {
 }
 
 /// A process that still runs (exists and is not a zombie).
+/// How long `pid` has been running (from its start time in `/proc/PID/stat`).
+fn process_age(pid: u32) -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name; `starttime` is field 22 of the whole line.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let start_ticks: f64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    let age = uptime - start_ticks / ticks as f64;
+    Some(std::time::Duration::from_secs_f64(age.max(0.0)))
+}
+
 pub fn alive(pid: u32) -> bool {
     use std::io::Read;
     // One read into a fixed buffer: the state follows the pid and the command name (at most

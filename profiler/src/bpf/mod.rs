@@ -99,14 +99,25 @@ impl Sampler {
         })
     }
 
-    /// Starts sampling process `pid`, whose `_PyRuntime` is at `runtime`.
-    pub fn register(&mut self, pid: u32, runtime: u64, offsets: &PyOffsets) -> Result<()> {
+    /// Starts sampling process `pid`, whose `_PyRuntime` is at `runtime`. A `young` process's
+    /// first samples wake userspace at once (see `ProcInfo::eager_samples`).
+    pub fn register(
+        &mut self,
+        pid: u32,
+        runtime: u64,
+        offsets: &PyOffsets,
+        young: bool,
+    ) -> Result<()> {
         let layout = self.layout_id(offsets)?;
         let (pidns_dev, pidns_ino) = foreign_pid_namespace(pid).unwrap_or((0, 0));
         let info = ProcInfo {
             runtime,
             layout,
-            eager_samples: profiler_common::EAGER_SAMPLES,
+            eager_samples: if young {
+                profiler_common::EAGER_SAMPLES
+            } else {
+                0
+            },
             pidns_dev,
             pidns_ino,
         };

@@ -22,8 +22,6 @@ use stats::{write_stats, MapReport};
 const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// System-wide recordings look for new interpreters this often.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
-/// Reaping, child and target checks and progress run every this many drain ticks (200 ms).
-const HOUSEKEEPING_TICKS: u64 = 2;
 
 /// What is being profiled.
 enum Scope {
@@ -122,7 +120,6 @@ async fn record(args: RecordArgs) -> Result<i32> {
     // One timer for draining and housekeeping: every wake-up costs a context switch, which at
     // low sampling rates is most of what recording costs.
     let mut tick = tokio::time::interval(crate::session::DRAIN_INTERVAL);
-    let mut ticks = 0u64;
     // Idle passes (`--idle`); without it the branch never fires.
     let mut idle_tick = session.idle_period().map(|period| {
         let mut t = tokio::time::interval(period);
@@ -199,10 +196,6 @@ async fn record(args: RecordArgs) -> Result<i32> {
                 let ring = events.get_mut();
                 while let Some(item) = ring.next() {
                     session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-                }
-                ticks += 1;
-                if !ticks.is_multiple_of(HOUSEKEEPING_TICKS) {
-                    continue;
                 }
                 session.reap();
                 if last_scan.elapsed() >= RESCAN_INTERVAL {
