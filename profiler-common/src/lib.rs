@@ -10,8 +10,10 @@ pub const MAX_FRAMES: usize = 128;
 /// userspace can prove a completion matches the stack at sample time. Deeper than this, a
 /// stack is reported truncated.
 pub const MAX_DEEP_FRAMES: u32 = 8192;
-/// `ProcInfo::eager_samples` of a newly registered process.
-pub const EAGER_SAMPLES: u32 = 64;
+/// `ProcInfo::eager_samples` of a newly registered young process. Few: a sample whose leaf
+/// code is new to the sampler wakes userspace anyway (`SAMPLE_NEW_CODE`), and these only
+/// cover a young process's first stacks, whose outer frames may be new too.
+pub const EAGER_SAMPLES: u32 = 4;
 /// Distinct CPython layouts loaded at once (one per interpreter build, not per process).
 pub const MAX_LAYOUTS: u32 = 64;
 /// Python processes registered at once.
