@@ -399,12 +399,22 @@ fn symbolize_into(
     records: impl Iterator<Item = FrameRecord>,
 ) {
     frames.clear();
+    // Deep stacks are mostly recursion: a frame running the code object of the frame before
+    // it takes that frame's symbol without another cache lookup.
+    let mut last: Option<(u64, u64, Option<Arc<CodeInfo>>)> = None;
     for rec in records {
         if rec.code == 0 {
             // A shim frame (C-stack entry, interpreter-owned): not Python code.
             continue;
         }
-        let code = symbols.code(pid, layout, rec.code, rec.tag);
+        let code = match &last {
+            Some((code, tag, info)) if *code == rec.code && *tag == rec.tag => info.clone(),
+            _ => {
+                let info = symbols.code(pid, layout, rec.code, rec.tag);
+                last = Some((rec.code, rec.tag, info.clone()));
+                info
+            }
+        };
         let line = code
             .as_ref()
             .map(|c| c.line_at_instr(layout, rec.code, rec.instr))

@@ -113,8 +113,21 @@ impl Aggregator {
                     .intern(label(FrameKind::Truncated, text.to_string())),
             );
         }
+        let mut last: Option<(&PyFrame, FrameId)> = None;
         for frame in sample.frames.iter().rev() {
-            stack.push(self.python_frame(sample.pid, frame));
+            // Recursion: the same code at the same line as the frame before is the same node.
+            let id = match last {
+                Some((prev, id))
+                    if prev.code_addr == frame.code_addr
+                        && prev.tag == frame.tag
+                        && prev.line == frame.line =>
+                {
+                    id
+                }
+                _ => self.python_frame(sample.pid, frame),
+            };
+            last = Some((frame, id));
+            stack.push(id);
         }
         if sample.idle {
             stack.push(
