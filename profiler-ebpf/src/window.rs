@@ -83,6 +83,19 @@ pub(crate) struct FrameWords {
     pub instr: u64,
 }
 
+impl FrameWords {
+    /// Picks the fields out of a frame header, given how to read the word at a byte offset.
+    #[inline(always)]
+    fn pick(layout: &PyOffsets, at: impl Fn(u16) -> u64) -> FrameWords {
+        FrameWords {
+            previous: at(layout.frame_previous),
+            executable: at(layout.frame_executable),
+            owner: at(layout.frame_owner),
+            instr: at(layout.frame_instr_ptr),
+        }
+    }
+}
+
 #[inline(always)]
 fn covers(win: &StackWindow, frame: u64) -> bool {
     let off = frame.wrapping_sub(win.lo);
@@ -100,13 +113,9 @@ pub(crate) fn frame_words(frame: u64, layout: &PyOffsets) -> Option<FrameWords> 
     if covers(win, frame) {
         let buf = unsafe { &*WINDOW.get_ptr(0)? };
         let base = ((frame - win.lo) / 8) as usize;
-        let at = |off: u16| buf[(base + off as usize / 8) & (WINDOW_WORDS - 1)];
-        return Some(FrameWords {
-            previous: at(layout.frame_previous),
-            executable: at(layout.frame_executable),
-            owner: at(layout.frame_owner),
-            instr: at(layout.frame_instr_ptr),
-        });
+        return Some(FrameWords::pick(layout, |off| {
+            buf[(base + off as usize / 8) & (WINDOW_WORDS - 1)]
+        }));
     }
     let header = unsafe { &mut *FRAME_HEADER.get_ptr_mut(0)? };
     let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
@@ -114,13 +123,9 @@ pub(crate) fn frame_words(frame: u64, layout: &PyOffsets) -> Option<FrameWords> 
         bump(stat::READ_ERRORS);
         return None;
     }
-    let at = |off: u16| header[(off as usize / 8) & (HEADER_WORDS - 1)];
-    Some(FrameWords {
-        previous: at(layout.frame_previous),
-        executable: at(layout.frame_executable),
-        owner: at(layout.frame_owner),
-        instr: at(layout.frame_instr_ptr),
-    })
+    Some(FrameWords::pick(layout, |off| {
+        header[(off as usize / 8) & (HEADER_WORDS - 1)]
+    }))
 }
 
 /// Copies the stretch of a chunk that ends with `frame`'s header: from the chunk's data start,
