@@ -158,18 +158,14 @@ async fn record(args: RecordArgs) -> Result<i32> {
             _ = idle_due => {
                 // Samples first: the threads the kernel saw on a CPU are not idle.
                 let ring = events.get_mut();
-                while let Some(item) = ring.next() {
-                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-                }
+                drain_samples(ring, &mut session, &mut aggregator);
                 session.idle_pass(&mut |s, cmd| aggregator.add(s, cmd));
             }
             guard = proc_events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
                 // Samples first: an exiting process's last samples are already queued.
                 let ring = events.get_mut();
-                while let Some(item) = ring.next() {
-                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-                }
+                drain_samples(ring, &mut session, &mut aggregator);
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
                     session.handle_proc_event(&item, system_wide);
@@ -187,16 +183,12 @@ async fn record(args: RecordArgs) -> Result<i32> {
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for samples")?;
                 let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-                }
+                drain_samples(ring, &mut session, &mut aggregator);
                 guard.clear_ready();
             }
             _ = tick.tick() => {
                 let ring = events.get_mut();
-                while let Some(item) = ring.next() {
-                    session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-                }
+                drain_samples(ring, &mut session, &mut aggregator);
                 session.reap();
                 if last_scan.elapsed() >= RESCAN_INTERVAL {
                     if matches!(scope, Scope::Host) {
@@ -243,9 +235,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     }
     // Whatever the kernel already queued belongs to this recording.
     let ring = events.get_mut();
-    while let Some(item) = ring.next() {
-        session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-    }
+    drain_samples(ring, &mut session, &mut aggregator);
     let ring = proc_events.get_mut();
     while let Some(item) = ring.next() {
         session.handle_proc_event(&item, false);
@@ -266,6 +256,17 @@ async fn record(args: RecordArgs) -> Result<i32> {
         }
     }
     Ok(child_status.unwrap_or(0))
+}
+
+/// Symbolizes and aggregates every sample queued in the ring buffer.
+fn drain_samples(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    session: &mut Session,
+    aggregator: &mut Aggregator,
+) {
+    while let Some(item) = ring.next() {
+        session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+    }
 }
 
 fn spawn(command: &[String]) -> Result<tokio::process::Child> {
