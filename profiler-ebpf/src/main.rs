@@ -3,7 +3,12 @@
 //! one ring-buffer record. Everything version-specific comes from the `LAYOUTS` map.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+#[cfg(target_arch = "bpf")]
+mod bounds;
+#[cfg(target_arch = "bpf")]
+mod debug;
 #[cfg(target_arch = "bpf")]
 mod lifecycle;
 #[cfg(target_arch = "bpf")]

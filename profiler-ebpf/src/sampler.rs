@@ -1,5 +1,7 @@
-use core::ffi::c_void;
+use core::{ffi::c_void, ptr::null_mut};
 
+use crate::bounds;
+use crate::debug::{log_if, LOG_LAYOUT, LOG_LIMITS, LOG_OWNERS, LOG_READS};
 use crate::window::{self, frame_words};
 use aya_ebpf::{
     bindings::bpf_pidns_info,
@@ -28,6 +30,10 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 /// The thread-state fields a sample needs are read in one go: up to 512 bytes apart.
 const TSTATE_WORDS: usize = 64;
+/// Owner codes 0..=2 (owned by a thread, a generator, a frame object) hold Python code in
+/// every supported CPython; shim owners are the layout's `skip_owner_mask`. Anything else
+/// is a layout that doesn't match its interpreter (`--debug-bpf` says so).
+const PYTHON_OWNERS_MAX: u64 = 2;
 
 #[map]
 pub(crate) static PROCS: HashMap<u32, ProcInfo> = HashMap::with_max_entries(MAX_PROCS, 0);
@@ -44,9 +50,29 @@ pub(crate) static THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(M
 static SEEN_CODE: LruHashMap<[u64; 2], u64> = LruHashMap::with_max_entries(MAX_SEEN_CODE, 0);
 #[map]
 pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
-/// The record under construction (too large for the 512-byte BPF stack).
+/// The record under construction (too large for the 512-byte BPF stack), and the state of
+/// the `bpf_loop`s that fill it.
 #[map]
-static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU working memory of one sample.
+///
+/// The loops' state lives here, not on the stack: 6.1's verifier checks a `bpf_loop`
+/// callback once, with the caller's stack as it is before the first iteration, and deletes
+/// as dead every branch those initial values don't take (a frame counter still 0, no thread
+/// state yet). A map value is unknown to any verifier, so every branch is checked and kept.
+#[repr(C)]
+struct Scratch {
+    sample: Sample,
+    search: ThreadSearch,
+    walk: Walk,
+    deep: DeepWalk,
+}
+
+#[inline(always)]
+fn scratch() -> Option<&'static mut Scratch> {
+    SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
 /// The span of a thread state that holds the fields a sample reads.
 #[map]
 static TSTATE: PerCpuArray<[u64; TSTATE_WORDS]> = PerCpuArray::with_max_entries(1, 0);
@@ -65,8 +91,20 @@ pub(crate) fn read_u64(addr: u64) -> Option<u64> {
     let value = unsafe { bpf_probe_read_user(addr as *const u64) };
     if value.is_err() {
         bump(stat::READ_ERRORS);
+        log_if!(
+            LOG_READS,
+            "pid {}: user read of 8 bytes at {:x} failed",
+            current_pid(),
+            addr
+        );
     }
     value.ok()
+}
+
+/// The current process id, for log messages.
+#[inline(always)]
+pub(crate) fn current_pid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
 #[perf_event]
@@ -81,6 +119,12 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
     };
     let Some(layout) = LAYOUTS.get(proc.layout) else {
         bump(stat::BAD_LAYOUT);
+        log_if!(
+            LOG_LAYOUT,
+            "pid {}: layout {} is not loaded",
+            pid,
+            proc.layout
+        );
         return 0;
     };
     let Some((tstate, cached, fields)) = find_tstate(tid, native_tid(tid, proc), proc, layout)
@@ -108,22 +152,39 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
     }
     if flags & SAMPLE_TRUNCATED != 0 {
         bump(stat::TRUNCATED);
+        log_if!(
+            LOG_LIMITS,
+            "pid {} tid {}: stack deeper than the {} frames recorded",
+            pid,
+            tid,
+            MAX_FRAMES
+        );
     }
     let (mut deep_hash, mut deep_frames) = (0, 0);
     let datastack_chunk = fields.chunk;
     let mut flags = flags;
     if flags & !SAMPLE_NEW_CODE == SAMPLE_TRUNCATED {
-        let deep = deep_walk(next_frame, proc.layout);
+        let Some(deep) = deep_walk(next_frame, proc.layout) else {
+            return 0;
+        };
         deep_hash = deep.hash;
         deep_frames = deep.frames;
         if deep.complete == 0 {
             flags |= SAMPLE_DEEP_INCOMPLETE;
+            log_if!(
+                LOG_LIMITS,
+                "pid {} tid {}: deep digest stopped after {} frames (bound {})",
+                pid,
+                tid,
+                deep.frames,
+                MAX_DEEP_FRAMES
+            );
         }
     }
-    let Some(sample) = SCRATCH.get_ptr_mut(0) else {
+    let Some(scratch) = scratch() else {
         return 0;
     };
-    let sample = unsafe { &mut *sample };
+    let sample = &mut scratch.sample;
     sample.header = SampleHeader {
         time_ns: unsafe { bpf_ktime_get_ns() },
         tstate,
@@ -245,7 +306,8 @@ fn find_tstate(
         }
         let _ = THREADS.remove(&tid);
     }
-    let mut search = ThreadSearch {
+    let search = &mut scratch()?.search;
+    *search = ThreadSearch {
         runtime: proc.runtime,
         interp: 0,
         tstate: 0,
@@ -257,14 +319,7 @@ fn find_tstate(
         done: 0,
     };
     let steps = MAX_INTERPRETERS * (MAX_THREAD_WALK + 1);
-    unsafe {
-        bpf_loop(
-            steps,
-            thread_step as *mut c_void,
-            &mut search as *mut ThreadSearch as *mut c_void,
-            0,
-        );
-    }
+    unsafe { bpf_loop(steps, thread_step as *mut c_void, null_mut(), 0) };
     let found = if search.found != 0 {
         search.found
     } else {
@@ -276,6 +331,13 @@ fn find_tstate(
     }
     if search.done == 0 {
         bump(stat::THREAD_WALK_LIMIT);
+        log_if!(
+            LOG_LIMITS,
+            "tid {}: no thread state within {} interpreters x {} threads",
+            tid,
+            MAX_INTERPRETERS,
+            MAX_THREAD_WALK
+        );
     }
     None
 }
@@ -283,8 +345,11 @@ fn find_tstate(
 /// One step of the thread search: enter the next interpreter, or test one thread state.
 /// Returns 1 to stop the loop.
 #[inline(never)]
-extern "C" fn thread_step(_index: u64, ctx: *mut c_void) -> i64 {
-    let search = unsafe { &mut *(ctx as *mut ThreadSearch) };
+extern "C" fn thread_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(scratch) = scratch() else {
+        return 1;
+    };
+    let search = &mut scratch.search;
     let Some(layout) = LAYOUTS.get(search.layout) else {
         search.done = 1;
         return 1;
@@ -360,12 +425,26 @@ fn thread_fields(tstate: u64, layout: &PyOffsets) -> Option<ThreadFields> {
     let len = hi - lo;
     if len > (TSTATE_WORDS * 8) as u64 {
         bump(stat::BAD_LAYOUT);
+        log_if!(
+            LOG_LAYOUT,
+            "pid {}: thread-state fields span {} bytes, more than one read of {}",
+            current_pid(),
+            len,
+            TSTATE_WORDS * 8
+        );
         return None;
     }
     let buf = TSTATE.get_ptr_mut(0)?;
     let src = tstate.wrapping_add(lo);
+    let len = bounds::size::<{ (TSTATE_WORDS * 8) as u64 }>(len);
     if unsafe { read_user_raw(buf as *mut c_void, len as u32, src as *const c_void) } != 0 {
         bump(stat::READ_ERRORS);
+        log_if!(
+            LOG_READS,
+            "pid {}: thread state read at {:x} failed",
+            current_pid(),
+            src
+        );
         return None;
     }
     let buf = unsafe { &*buf };
@@ -409,7 +488,10 @@ struct Walk {
 #[inline(always)]
 fn walk(frame: u64, pid: u32, layout: u32, chunk: u64) -> (usize, u64, u16) {
     window::reset(chunk);
-    let mut walk = Walk {
+    let Some(scratch) = scratch() else {
+        return (0, 0, SAMPLE_READ_ERROR);
+    };
+    scratch.walk = Walk {
         frame,
         last_code: 0,
         last_tag: 0,
@@ -419,14 +501,8 @@ fn walk(frame: u64, pid: u32, layout: u32, chunk: u64) -> (usize, u64, u16) {
         flags: 0,
         done: 0,
     };
-    unsafe {
-        bpf_loop(
-            MAX_FRAMES as u32,
-            walk_step as *mut c_void,
-            &mut walk as *mut Walk as *mut c_void,
-            0,
-        );
-    }
+    unsafe { bpf_loop(MAX_FRAMES as u32, walk_step as *mut c_void, null_mut(), 0) };
+    let walk = &scratch.walk;
     let mut flags = walk.flags as u16;
     if walk.done == 0 && walk.frame != 0 {
         flags |= SAMPLE_TRUNCATED;
@@ -441,13 +517,16 @@ fn walk(frame: u64, pid: u32, layout: u32, chunk: u64) -> (usize, u64, u16) {
 
 /// One frame of the walk. Returns 1 to stop the loop.
 #[inline(never)]
-extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
-    let walk = unsafe { &mut *(ctx as *mut Walk) };
+extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(scratch) = scratch() else {
+        return 1;
+    };
+    let Scratch { sample, walk, .. } = scratch;
     if walk.frame == 0 {
         walk.done = 1;
         return 1;
     }
-    let (Some(layout), Some(sample)) = (LAYOUTS.get(walk.layout), SCRATCH.get_ptr_mut(0)) else {
+    let Some(layout) = LAYOUTS.get(walk.layout) else {
         walk.flags |= SAMPLE_READ_ERROR as u32;
         return 1;
     };
@@ -461,6 +540,14 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
     let owner = (words.owner >> owner_shift) & 0xff;
     if owner < 32 && layout.skip_owner_mask & (1 << owner) != 0 {
         code = 0;
+    } else if owner > PYTHON_OWNERS_MAX {
+        log_if!(
+            LOG_OWNERS,
+            "pid {}: frame {:x} has owner {}, which the layout does not know",
+            walk.pid,
+            walk.frame,
+            owner
+        );
     }
     let mut tag = 0;
     if code != 0 && code == walk.last_code {
@@ -471,6 +558,12 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
         // Read straight into the value: a zero-initialised buffer would cost a byte-wise memset.
         let Ok(window) = (unsafe { bpf_probe_read_user(src) }) else {
             bump(stat::READ_ERRORS);
+            log_if!(
+                LOG_READS,
+                "pid {}: code object read at {:x} failed",
+                walk.pid,
+                src as u64
+            );
             walk.flags |= SAMPLE_READ_ERROR as u32;
             return 1;
         };
@@ -498,7 +591,6 @@ extern "C" fn walk_step(index: u64, ctx: *mut c_void) -> i64 {
             walk.flags |= SAMPLE_NEW_CODE as u32;
         }
     }
-    let sample = unsafe { &mut *sample };
     let slot = &mut sample.frames[index as usize & (MAX_FRAMES - 1)];
     slot.frame = walk.frame;
     slot.code = code;
@@ -525,8 +617,9 @@ struct DeepWalk {
 /// per frame, so userspace can complete the stack from bulk copies and prove the completion
 /// is the stack of this sample, not one built later at the same addresses.
 #[inline(always)]
-fn deep_walk(frame: u64, layout: u32) -> DeepWalk {
-    let mut deep = DeepWalk {
+fn deep_walk(frame: u64, layout: u32) -> Option<&'static DeepWalk> {
+    let scratch = scratch()?;
+    scratch.deep = DeepWalk {
         frame,
         hash: 0,
         layout,
@@ -534,20 +627,16 @@ fn deep_walk(frame: u64, layout: u32) -> DeepWalk {
         complete: 0,
         _pad: 0,
     };
-    unsafe {
-        bpf_loop(
-            MAX_DEEP_FRAMES,
-            deep_step as *mut c_void,
-            &mut deep as *mut DeepWalk as *mut c_void,
-            0,
-        );
-    }
-    deep
+    unsafe { bpf_loop(MAX_DEEP_FRAMES, deep_step as *mut c_void, null_mut(), 0) };
+    Some(&scratch.deep)
 }
 
 #[inline(never)]
-extern "C" fn deep_step(_index: u64, ctx: *mut c_void) -> i64 {
-    let deep = unsafe { &mut *(ctx as *mut DeepWalk) };
+extern "C" fn deep_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(scratch) = scratch() else {
+        return 1;
+    };
+    let deep = &mut scratch.deep;
     if deep.frame == 0 {
         deep.complete = 1;
         return 1;
@@ -567,10 +656,12 @@ extern "C" fn deep_step(_index: u64, ctx: *mut c_void) -> i64 {
 
 #[inline(always)]
 fn emit(sample: &Sample, nframes: usize, eager: bool) {
+    const _: () = assert!(
+        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<FrameRecord>() == size_of::<Sample>()
+    );
+    // 1..=MAX_FRAMES records: the verifier must see that the length fits `Sample`.
+    let nframes = bounds::size::<{ MAX_FRAMES as u64 }>(nframes as u64) as usize;
     let len = size_of::<SampleHeader>() + nframes * size_of::<FrameRecord>();
-    if len > size_of::<Sample>() {
-        return;
-    }
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
     // Waking the reader costs an interrupt (a VM exit on virtual machines) here and a
@@ -584,6 +675,13 @@ fn emit(sample: &Sample, nframes: usize, eager: bool) {
     };
     match EVENTS.output::<[u64]>(bytes, wakeup) {
         Ok(()) => bump(stat::EMITTED),
-        Err(_) => bump(stat::RINGBUF_DROPS),
+        Err(_) => {
+            bump(stat::RINGBUF_DROPS);
+            log_if!(
+                LOG_LIMITS,
+                "sample ring buffer full: a sample of pid {} dropped",
+                sample.header.pid
+            );
+        }
     }
 }

@@ -16,7 +16,9 @@ use aya_ebpf::{
 };
 use profiler_common::{stat, PyOffsets, FRAME_HEADER_BYTES};
 
-use crate::sampler::{bump, read_u64};
+use crate::bounds;
+use crate::debug::{log_if, LOG_LIMITS, LOG_READS};
+use crate::sampler::{bump, current_pid, read_u64};
 
 /// 32 KiB, the largest per-CPU map value: two default-size (16 KiB) chunks' worth of frames.
 const WINDOW_WORDS: usize = 4096;
@@ -121,6 +123,12 @@ pub(crate) fn frame_words(frame: u64, layout: &PyOffsets) -> Option<FrameWords> 
     let bytes: &mut [u8; FRAME_HEADER_BYTES] = unsafe { &mut *(header as *mut _ as *mut _) };
     if unsafe { bpf_probe_read_user_buf(frame as *const u8, bytes) }.is_err() {
         bump(stat::READ_ERRORS);
+        log_if!(
+            LOG_READS,
+            "pid {}: frame header read at {:x} failed",
+            current_pid(),
+            frame
+        );
         return None;
     }
     Some(FrameWords::pick(layout, |off| {
@@ -167,6 +175,12 @@ fn slide(win: &mut StackWindow, frame: u64, layout: &PyOffsets) {
     }
     if win.windows >= MAX_STACK_WINDOWS {
         bump(stat::WINDOW_LIMIT);
+        log_if!(
+            LOG_LIMITS,
+            "pid {}: {} stack windows read; the rest frame by frame",
+            current_pid(),
+            MAX_STACK_WINDOWS
+        );
         win.chunk = 0;
         return;
     }
@@ -183,7 +197,7 @@ fn slide(win: &mut StackWindow, frame: u64, layout: &PyOffsets) {
         floor
     };
     let len = hi - lo;
-    if len > WINDOW_BYTES {
+    if len == 0 || len > WINDOW_BYTES {
         return;
     }
     let Some(buf) = WINDOW.get_ptr_mut(0) else {
@@ -191,10 +205,18 @@ fn slide(win: &mut StackWindow, frame: u64, layout: &PyOffsets) {
     };
     win.windows += 1;
     bump(stat::WINDOWS);
+    let len = bounds::size::<WINDOW_BYTES>(len);
     let failed =
         unsafe { bpf_probe_read_user(buf as *mut c_void, len as u32, lo as *const c_void) } != 0;
     if failed {
         bump(stat::READ_ERRORS);
+        log_if!(
+            LOG_READS,
+            "pid {}: stack window read of {} bytes at {:x} failed",
+            current_pid(),
+            len,
+            lo
+        );
         win.len = 0;
         win.chunk = 0;
         return;

@@ -1,13 +1,24 @@
 //! Loading and attaching the BPF programs, and the userspace side of their maps.
+//!
+//! Nothing here needs tracefs or debugfs: the sampler is a perf-event program and the
+//! lifecycle hooks are BTF tracepoints (`tp_btf`), attached by BTF id. The kernel-struct
+//! offsets the hooks read come from the running kernel's BTF (`kernel_btf`), and a program
+//! the verifier refuses becomes one line plus a file holding the verifier's full log
+//! (`load_error`).
+
+mod kernel_btf;
+mod load_error;
 
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{PerfEvent, TracePoint};
-use aya::Ebpf;
+use aya::programs::{BtfTracePoint, PerfEvent};
+use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{stat, ProcInfo, PyOffsets, MAX_LAYOUTS};
+
+pub use load_error::LoadError;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -42,9 +53,28 @@ pub struct MapSizes {
     pub threads: usize,
 }
 
+/// Which BPF-side diagnostics to log (`--debug-bpf`), as the kernel's `debug::LOG_*` bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DebugBpf(pub u32);
+
+impl DebugBpf {
+    pub const OFF: DebugBpf = DebugBpf(0);
+    /// Unexpected frame owners.
+    pub const OWNERS: u32 = 1 << 0;
+    /// Failed reads of target memory, with their addresses.
+    pub const READS: u32 = 1 << 1;
+    /// Limits hit (frames, thread walks, stack windows, ring buffer).
+    pub const LIMITS: u32 = 1 << 2;
+    /// Layouts that don't validate.
+    pub const LAYOUT: u32 = 1 << 3;
+    pub const ALL: DebugBpf = DebugBpf(Self::OWNERS | Self::READS | Self::LIMITS | Self::LAYOUT);
+}
+
 /// The loaded sampler: perf events on every online CPU feeding one ring buffer.
 pub struct Sampler {
     ebpf: Ebpf,
+    /// aya-log's reader, with `--debug-bpf`.
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     procs: BpfHashMap<MapData, u32, ProcInfo>,
     layouts: Array<MapData, PyOffsets>,
     stats: PerCpuArray<MapData, u64>,
@@ -59,14 +89,40 @@ pub struct Sampler {
 impl Sampler {
     /// Loads the programs and starts sampling every CPU at `rate_hz`.
     pub fn start(rate_hz: u64) -> Result<Sampler> {
-        let mut ebpf = Ebpf::load(OBJECT).context("loading the BPF programs")?;
+        Self::start_with(rate_hz, DebugBpf::OFF)
+    }
+
+    /// [`Sampler::start`], with BPF-side diagnostics logged through aya-log.
+    pub fn start_with(rate_hz: u64, debug: DebugBpf) -> Result<Sampler> {
+        let btf = Btf::from_sys_fs().map_err(|e| {
+            anyhow::anyhow!(
+                "reading the kernel's BTF (/sys/kernel/btf/vmlinux): {e}; pyebpf needs a kernel \
+                 built with CONFIG_DEBUG_INFO_BTF=y (Linux 6.1 or newer)"
+            )
+        })?;
+        let offsets = kernel_btf::ExitOffsets::from_sys_fs()?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("TASK_SIGNAL_OFFSET", &offsets.task_signal, true)
+            .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true)
+            .override_global("DEBUG", &debug.0, true)
+            .load(OBJECT)
+            .context("loading the BPF object")?;
+        let logger = if debug != DebugBpf::OFF {
+            Some(
+                aya_log::EbpfLogger::init(&mut ebpf)
+                    .context("reading the BPF programs' log (--debug-bpf)")?,
+            )
+        } else {
+            None
+        };
         let program: &mut PerfEvent = ebpf
             .program_mut("sample")
             .context("BPF program `sample` missing")?
             .try_into()?;
         program
             .load()
-            .context("the kernel refused the BPF sampler program")?;
+            .map_err(|e| LoadError::from_program("sample", e))?;
         let cpus =
             aya::util::online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
         for cpu in cpus {
@@ -79,7 +135,7 @@ impl Sampler {
                 )
                 .with_context(|| format!("attaching the sampler to CPU {cpu}"))?;
         }
-        attach_lifecycle(&mut ebpf)?;
+        attach_lifecycle(&mut ebpf, &btf)?;
         let procs = BpfHashMap::try_from(ebpf.take_map("PROCS").context("map PROCS")?)?;
         let threads = BpfHashMap::try_from(ebpf.take_map("THREADS").context("map THREADS")?)?;
         let proc_events =
@@ -89,6 +145,7 @@ impl Sampler {
         let events = RingBuf::try_from(ebpf.take_map("EVENTS").context("map EVENTS")?)?;
         Ok(Sampler {
             ebpf,
+            logger,
             procs,
             layouts,
             stats,
@@ -125,6 +182,13 @@ impl Sampler {
             .insert(pid, info, 0)
             .with_context(|| format!("registering pid {pid}"))?;
         Ok(())
+    }
+
+    /// Hands what the BPF programs logged (`--debug-bpf`) to the `log` crate.
+    pub fn flush_logs(&mut self) {
+        if let Some(logger) = self.logger.as_mut() {
+            logger.flush();
+        }
     }
 
     pub fn unregister(&mut self, pid: u32) {
@@ -213,20 +277,26 @@ impl Sampler {
     }
 }
 
-/// Attaches the exec/exit tracepoints (`profiler-ebpf/src/lifecycle.rs`).
-fn attach_lifecycle(ebpf: &mut Ebpf) -> Result<()> {
+/// Attaches the exec/exit hooks (`profiler-ebpf/src/lifecycle.rs`) as BTF tracepoints: by
+/// BTF id, with no tracefs or debugfs involved.
+fn attach_lifecycle(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
     for (program, event) in [
         ("process_exec", "sched_process_exec"),
         ("process_exit", "sched_process_exit"),
     ] {
-        let tp: &mut TracePoint = ebpf
+        let tp: &mut BtfTracePoint = ebpf
             .program_mut(program)
             .with_context(|| format!("BPF program `{program}` missing"))?
             .try_into()?;
-        tp.load()
-            .with_context(|| format!("the kernel refused the BPF program `{program}`"))?;
-        tp.attach("sched", event)
-            .with_context(|| format!("attaching to the tracepoint sched/{event}"))?;
+        tp.load(event, btf)
+            .map_err(|e| LoadError::from_program(program, e))?;
+        tp.attach().map_err(|e| {
+            anyhow::anyhow!(
+                "attaching the BPF program `{program}` to the BTF tracepoint {event} on Linux \
+                 {}: {e}",
+                load_error::kernel_release()
+            )
+        })?;
     }
     Ok(())
 }
