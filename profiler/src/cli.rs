@@ -74,6 +74,12 @@ pub struct RecordArgs {
     /// costs) as JSON to this file, for scripts and benchmarks.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
+    /// Log the BPF programs' own diagnostics, as warnings on stderr (through aya-log): frames
+    /// whose owner the layout doesn't know, failed reads of target memory with their
+    /// addresses, limits hit, layouts that don't validate. `--debug-bpf=reads,limits` picks
+    /// kinds. Off, it costs nothing: the kernel removes the log code when it loads the programs.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 0.., require_equals = true, value_name = "KINDS")]
+    pub debug_bpf: Option<Vec<BpfDiagnostic>>,
     /// Program to launch and profile; pyebpf exits with its exit code.
     #[arg(last = true, value_name = "COMMAND", conflicts_with = "pids")]
     pub command: Vec<String>,
@@ -103,6 +109,42 @@ pub struct TopArgs {
     /// Column to sort by (keys 1-6 change it in the live view).
     #[arg(long, value_enum, default_value_t = TopSort::Own)]
     pub sort: TopSort,
+    /// Log the BPF programs' own diagnostics, as warnings on stderr (through aya-log): frames
+    /// whose owner the layout doesn't know, failed reads of target memory with their
+    /// addresses, limits hit, layouts that don't validate. `--debug-bpf=reads,limits` picks
+    /// kinds. Off, it costs nothing: the kernel removes the log code when it loads the programs.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 0.., require_equals = true, value_name = "KINDS")]
+    pub debug_bpf: Option<Vec<BpfDiagnostic>>,
+}
+
+/// Kinds of BPF-side diagnostics (`--debug-bpf`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BpfDiagnostic {
+    /// Frames whose owner code the layout does not know.
+    Owners,
+    /// Failed reads of target or kernel memory, with their addresses.
+    Reads,
+    /// Limits hit: frames recorded, thread walks, stack windows, deep digest, ring buffer.
+    Limits,
+    /// Layouts that don't validate.
+    Layout,
+}
+
+/// `--debug-bpf[=KINDS]` as the kernel's bits: every kind when none is named.
+pub fn debug_bpf(kinds: &Option<Vec<BpfDiagnostic>>) -> crate::bpf::DebugBpf {
+    use crate::bpf::DebugBpf;
+    match kinds {
+        None => DebugBpf::OFF,
+        Some(kinds) if kinds.is_empty() => DebugBpf::ALL,
+        Some(kinds) => DebugBpf(kinds.iter().fold(0, |bits, kind| {
+            bits | match kind {
+                BpfDiagnostic::Owners => DebugBpf::OWNERS,
+                BpfDiagnostic::Reads => DebugBpf::READS,
+                BpfDiagnostic::Limits => DebugBpf::LIMITS,
+                BpfDiagnostic::Layout => DebugBpf::LAYOUT,
+            }
+        })),
+    }
 }
 
 /// Columns of `pyebpf top`, in display order.

@@ -117,9 +117,9 @@ pub struct CacheSizes {
 }
 
 impl Session {
-    pub fn start(rate_hz: u64) -> Result<Session> {
+    pub fn start(rate_hz: u64, debug: crate::bpf::DebugBpf) -> Result<Session> {
         Ok(Session {
-            sampler: Sampler::start(rate_hz)?,
+            sampler: Sampler::start_with(rate_hz, debug)?,
             elves: ElfCache::default(),
             procs: FxHashMap::default(),
             exited: Vec::new(),
@@ -261,8 +261,10 @@ impl Session {
         added
     }
 
-    /// Stops watching processes that exited. Returns the pids that left.
+    /// Stops watching processes that exited. Returns the pids that left. (Called on every
+    /// housekeeping tick, it also hands on what the BPF programs logged, with `--debug-bpf`.)
     pub fn reap(&mut self) -> Vec<u32> {
+        self.flush_bpf_logs();
         for pid in self.exited.drain(..) {
             self.symbols.forget_process(pid);
             self.completer.forget_process(pid);
@@ -288,6 +290,11 @@ impl Session {
             self.exited.push(pid);
         }
         gone
+    }
+
+    /// Hands what the BPF programs logged (`--debug-bpf`) to the `log` crate.
+    pub fn flush_bpf_logs(&mut self) {
+        self.sampler.flush_logs();
     }
 
     pub fn watched(&self) -> impl Iterator<Item = &PythonProcess> {

@@ -33,9 +33,23 @@ fn temp(name: &str) -> PathBuf {
 impl Background {
     /// Starts a system-wide recording and waits until its sampler is attached.
     fn start(tag: &str, args: &[&str]) -> Background {
+        Self::start_via(tag, &[], args)
+    }
+
+    /// [`Background::start`], with pyebpf run by `launcher` (a command that ends by
+    /// exec'ing its arguments, so the child's pid stays pyebpf's).
+    fn start_via(tag: &str, launcher: &[&str], args: &[&str]) -> Background {
         let out = temp(&format!("{tag}.txt"));
         let stats = temp(&format!("{tag}.json"));
-        let child = Command::new(pyebpf_bin())
+        let mut cmd = match launcher.split_first() {
+            Some((program, rest)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(rest).arg(pyebpf_bin());
+                cmd
+            }
+            None => Command::new(pyebpf_bin()),
+        };
+        let child = cmd
             .arg("record")
             .args(["-f", "collapsed", "-o"])
             .arg(&out)
@@ -263,6 +277,84 @@ fn exit_cleanup_after_100_processes() {
         lc["exit_events"].as_u64(),
         stats["kernel"]["exit_procs_removed"].as_u64(),
         "every PROCS removal at exit reached userspace"
+    );
+}
+
+/// Unmounts tracefs and debugfs in the private mount namespace `unshare -m` made, proves they
+/// are gone, then execs its arguments: a fresh machine's view of /sys.
+const WITHOUT_TRACEFS: &str = r#"
+for m in /sys/kernel/debug/tracing /sys/kernel/tracing /sys/kernel/debug; do
+    while grep -q " $m " /proc/self/mountinfo; do umount "$m" || exit 96; done
+done
+if grep -Eq ' - (tracefs|debugfs) ' /proc/self/mountinfo; then
+    echo "tracefs or debugfs is still mounted" >&2; exit 97
+fi
+exec "$@"
+"#;
+
+/// tracefs and debugfs mounts in `pid`'s mount namespace.
+fn trace_mounts(pid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .expect("reading pyebpf's mountinfo")
+        .lines()
+        .filter(|l| l.contains(" - tracefs ") || l.contains(" - debugfs "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// With neither tracefs nor debugfs mounted (as on a fresh machine, a minimal VM or a
+/// hardened host), a system-wide recording starts, and an interpreter launched during it is
+/// found through the kernel's exec hook and profiled.
+#[test]
+fn no_tracefs_system_wide_catches_a_late_process() {
+    let _serial = serial();
+    let interps = interpreters_logged();
+    let interp = interps.first().expect("no supported interpreter found");
+    let launcher = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        WITHOUT_TRACEFS,
+        "sh",
+    ];
+    let bg = Background::start_via("notracefs", &launcher, &["-d", "5", "-r", "199"]);
+    let pyebpf = bg.child.id();
+    // Read while it runs: the namespace pyebpf actually sampled from.
+    let mounts = trace_mounts(pyebpf);
+    let launched = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        .to_string();
+    let workload = Workload::start(interp, "late_start.py", &[&launched]);
+    let pid = workload.pid();
+    let (rec, stats) = bg.finish();
+    drop(workload);
+    assert!(
+        mounts.is_empty(),
+        "pyebpf ran with tracefs/debugfs mounted, so this proves nothing: {mounts:?}"
+    );
+    let root = format!("({pid}");
+    let late = samples_with(&rec, &root, "first_second") + samples_with(&rec, &root, "afterwards");
+    let lc = &stats["lifecycle"];
+    eprintln!(
+        "{}: pid {pid}: {late} samples; lifecycle {lc}",
+        interp.label
+    );
+    assert!(
+        lc["exec_events"].as_u64().unwrap_or(0) > 0
+            && lc["added_on_exec"].as_u64().unwrap_or(0) > 0,
+        "the exec hook reported nothing without tracefs: {lc}; {}",
+        rec.stderr
+    );
+    assert!(
+        late >= 20,
+        "{}: the process started during the recording got {late} samples: {}",
+        interp.label,
+        rec.stderr
     );
 }
 

@@ -66,7 +66,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         Scope::Pids(pids) => pids.len() > 1,
         Scope::Child => false,
     };
-    let mut session = Session::start(args.rate)?;
+    let mut session = Session::start(args.rate, crate::cli::debug_bpf(&args.debug_bpf))?;
     if args.gil {
         session.want_gil();
     }
@@ -240,6 +240,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     while let Some(item) = ring.next() {
         session.handle_proc_event(&item, false);
     }
+    session.flush_bpf_logs();
     let elapsed = started.elapsed();
     finish(&args, &session, aggregator, elapsed)?;
     if let Some(path) = &args.stats_json {

@@ -175,7 +175,7 @@ struct Collector {
 
 impl Collector {
     fn start(args: &TopArgs) -> Result<Collector> {
-        let mut session = Session::start(args.rate)?;
+        let mut session = Session::start(args.rate, crate::cli::debug_bpf(&args.debug_bpf))?;
         let host = args.pids.is_empty();
         let mut warnings = Vec::new();
         if host {
