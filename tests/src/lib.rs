@@ -84,6 +84,10 @@ fn probe_version(interp: &Interpreter) -> Option<(u32, u32)> {
 /// that was skipped. Candidates: Debian's `/usr/bin/python3.11`, pyenv builds under
 /// `/root/.pyenv/versions`, and `python3.13`–`python3.15` in the sid root
 /// (`$PYEBPF_SID_ROOT`, default [`DEFAULT_SID_ROOT`]).
+///
+/// `$PYEBPF_TEST_INTERPRETERS` narrows the candidates to those whose label contains one of its
+/// comma-separated substrings (e.g. `debian,pyenv 3.12`); unset or empty means all of them.
+/// `cargo xtask vm-test` uses it to run a smoke subset on slow emulated kernels.
 pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
     let mut found = Vec::new();
     let mut skipped = Vec::new();
@@ -143,6 +147,13 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
             ));
         }
     }
+    let wanted = std::env::var(INTERPRETERS_ENV).unwrap_or_default();
+    let (candidates, unwanted): (Vec<_>, Vec<_>) = candidates
+        .into_iter()
+        .partition(|c| label_wanted(&c.label, &wanted));
+    for c in unwanted {
+        skipped.push(format!("{}: not in {INTERPRETERS_ENV}={wanted:?}", c.label));
+    }
     for mut c in candidates {
         let host_exe = match &c.root {
             Some(root) => root.join(c.exe.strip_prefix("/").unwrap()),
@@ -165,6 +176,36 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
         }
     }
     (found, skipped)
+}
+
+/// The variable that restricts [`interpreters`] to some labels.
+pub const INTERPRETERS_ENV: &str = "PYEBPF_TEST_INTERPRETERS";
+
+/// Does `label` contain one of the comma-separated substrings of `wanted` (empty: all)?
+fn label_wanted(label: &str, wanted: &str) -> bool {
+    let parts: Vec<&str> = wanted
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    parts.is_empty() || parts.iter().any(|p| label.contains(p))
+}
+
+/// How many times slower than a normal host this machine runs: `$PYEBPF_TEST_SLOWDOWN`,
+/// default 1. `cargo xtask vm-test` sets it under qemu's emulation (TCG), where Python runs
+/// ~10x slower and pyebpf needs seconds to load. Tests whose waits and windows are
+/// wall-clock times stretch them by it ([`stretch`]); what they assert stays the same.
+pub fn slowdown() -> f64 {
+    std::env::var("PYEBPF_TEST_SLOWDOWN")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|k| k.is_finite() && *k >= 1.0)
+        .unwrap_or(1.0)
+}
+
+/// `d` stretched by [`slowdown`].
+pub fn stretch(d: std::time::Duration) -> std::time::Duration {
+    d.mul_f64(slowdown())
 }
 
 /// `interpreters()`, printing what was skipped and why (for the test log).
@@ -371,4 +412,22 @@ pub fn marker_lines(script: &str) -> std::collections::HashMap<String, u32> {
             Some((name.trim().to_string(), i as u32 + 1))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod unit {
+    use super::label_wanted;
+
+    #[test]
+    fn interpreter_filter() {
+        assert!(label_wanted("sid 3.15", ""));
+        assert!(label_wanted("sid 3.15", " , "));
+        assert!(label_wanted("pyenv 3.12.1", "debian, pyenv 3.12"));
+        assert!(label_wanted(
+            "debian /usr/bin/python3.11",
+            "debian,pyenv 3.12"
+        ));
+        assert!(!label_wanted("pyenv 3.11.7", "debian,pyenv 3.12"));
+        assert!(!label_wanted("sid 3.15", "debian"));
+    }
 }

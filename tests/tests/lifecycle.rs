@@ -60,7 +60,7 @@ impl Background {
             .spawn()
             .expect("running pyebpf");
         // Loading and attaching takes well under a second; give it margin on a loaded VM.
-        std::thread::sleep(Duration::from_millis(1500));
+        std::thread::sleep(tests::stretch(Duration::from_millis(1500)));
         Background { child, out, stats }
     }
 
@@ -171,16 +171,20 @@ fn chain_samples(rec: &Rec, root_contains: &str) -> (u64, u64) {
 fn exec_pickup_within_one_second() {
     let _serial = serial();
     for interp in &interpreters_logged() {
-        let bg = Background::start("exec", &["-d", "4", "-r", "199"]);
+        let k = tests::slowdown();
+        let duration = format!("{}", 4.0 * k);
+        let bg = Background::start("exec", &["-d", &duration, "-r", "199"]);
         let started = Instant::now();
         let launched = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64()
             .to_string();
-        let workload = Workload::start(interp, "late_start.py", &[&launched]);
+        let workload = Workload::start(interp, "late_start.py", &[&launched, &k.to_string()]);
         let pid = workload.pid();
-        std::thread::sleep(Duration::from_millis(2000).saturating_sub(started.elapsed()));
+        std::thread::sleep(
+            tests::stretch(Duration::from_millis(2000)).saturating_sub(started.elapsed()),
+        );
         let (rec, stats) = bg.finish();
         let root = format!("({pid}");
         let first = samples_with(&rec, &root, "first_second");
@@ -205,7 +209,10 @@ fn exit_cleanup_after_100_processes() {
     let _serial = serial();
     let interps = interpreters_logged();
     assert!(!interps.is_empty());
-    let bg = Background::start("exit", &["-d", "30", "-r", "199"]);
+    let k = tests::slowdown();
+    let duration = format!("{}", 30.0 * k);
+    let lifetime = format!("{}", 0.15 * k);
+    let bg = Background::start("exit", &["-d", &duration, "-r", "199"]);
     let mut tids = HashSet::new();
     let started = Instant::now();
     // Five at a time, round-robin over the interpreters.
@@ -214,7 +221,7 @@ fn exit_cleanup_after_100_processes() {
             .map(|i| {
                 let interp = &interps[(batch * 5 + i) % interps.len()];
                 interp
-                    .command(&workloads_dir().join("short_lived.py"), &["0.15"])
+                    .command(&workloads_dir().join("short_lived.py"), &[&lifetime])
                     .stdout(Stdio::piped())
                     .spawn()
                     .expect("starting short_lived.py")
@@ -233,7 +240,7 @@ fn exit_cleanup_after_100_processes() {
         }
     }
     eprintln!("100 processes in {:.1}s", started.elapsed().as_secs_f64());
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(tests::stretch(Duration::from_millis(500)));
     // Stop the recording now (SIGINT), it writes its stats on the way out.
     unsafe { libc_kill(bg.child.id() as i32, 2) };
     let (rec, stats) = bg.finish();

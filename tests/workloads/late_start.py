@@ -1,10 +1,12 @@
 # Started after a recording began: burns CPU in `first_second` until 0.8 s after argv[1] (the
 # wall-clock time the test launched the process, so interpreter start-up counts), then in
-# `afterwards` until 2.5 s after it.
+# `afterwards` until 2.5 s after it. Both times are multiplied by argv[2] if given (the
+# tests' slowdown factor on an emulated machine).
 import sys
 import time
 
 launched = float(sys.argv[1])
+scale = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
 
 
 def spin(until):
@@ -21,6 +23,6 @@ def afterwards(until):
     spin(until)
 
 
-first_second(launched + 0.8)
+first_second(launched + 0.8 * scale)
 print("ready", flush=True)
-afterwards(launched + 2.5)
+afterwards(launched + 2.5 * scale)

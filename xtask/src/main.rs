@@ -11,6 +11,7 @@ mod setup;
 mod sidroot;
 mod test;
 mod util;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,27 @@ enum Cmd {
     Run(run::RunArgs),
     /// Overhead and accuracy of pyebpf vs py-spy and Tachyon; writes BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Smoke-test pyebpf on other kernels: boot each under qemu and run a few real tests.
+    ///
+    /// Each kernel is booted under qemu (emulated: no KVM here) with virtme-ng, which shows
+    /// the guest this machine's filesystem; inside, a few of the real integration tests run on
+    /// the real BPF programs: `pyebpf check`, record's exact `<module>;top;mid;leaf` chain on
+    /// Debian's python3.11 and on a pyenv 3.12, a process started mid-recording being caught,
+    /// and exit cleanup after 100 processes. qemu, busybox, the kernels and virtme-ng are
+    /// installed on first use.
+    ///
+    /// `--kernel host` boots nothing: the running kernel cannot be booted under qemu (no image
+    /// in /boot, no modules), so the same rows run directly on this machine, inside a private
+    /// mount namespace (`unshare -m`) with /sys/kernel/tracing and /sys/kernel/debug
+    /// unmounted, like a fresh machine.
+    ///
+    /// Ends with a table per kernel (uname -r, boot time, each row with its duration); the
+    /// full output of each kernel is in target/vm-test/<kernel>.log. Exits 1 if anything
+    /// failed.
+    VmTest(vm::VmTestArgs),
+    /// The runner of `vm-test` inside a guest (internal).
+    #[command(hide = true)]
+    VmGuest(vm::guest::GuestArgs),
 }
 
 fn main() {
@@ -48,6 +70,8 @@ fn main() {
         Cmd::Demo => demo::demo(),
         Cmd::Build => run::build_release().map(|_| ()),
         Cmd::Bench(args) => bench::bench(&args),
+        Cmd::VmTest(args) => vm::vm_test(&args),
+        Cmd::VmGuest(args) => vm::guest::guest(&args),
         Cmd::Run(args) => match run::run(&args) {
             Ok(code) => std::process::exit(code),
             Err(e) => Err(e),

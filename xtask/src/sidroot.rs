@@ -65,7 +65,7 @@ pub fn sidroot(args: &SidrootArgs) -> Result<PathBuf> {
         }
     }
 
-    if !is_root_user() {
+    if !util::is_root() {
         bail!(
             "building the sid root needs root (debootstrap, chroot)\n  fix: run `sudo -E cargo \
              xtask sidroot` once"
@@ -274,10 +274,10 @@ fn remove_root(root: &Path) -> Result<()> {
         return Ok(());
     }
     check_ours(root)?;
-    for mount in mounts_under(root) {
+    for mount in util::mounts_under(root) {
         let _ = util::status(Command::new("umount").arg("-l").arg(&mount));
     }
-    let left = mounts_under(root);
+    let left = util::mounts_under(root);
     if !left.is_empty() {
         bail!(
             "cannot remove {}: still mounted inside: {left:?}",
@@ -320,46 +320,6 @@ fn check_ours(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Mount points at or below `root`, deepest first.
-fn mounts_under(root: &Path) -> Vec<PathBuf> {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mounts") else {
-        return Vec::new();
-    };
-    let mut found: Vec<PathBuf> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .map(|p| PathBuf::from(unescape_mount(p)))
-        .filter(|p| p.starts_with(root))
-        .collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found.dedup();
-    found
-}
-
-/// `/proc/mounts` escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount(s: &str) -> String {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        let code = rest
-            .get(i + 1..i + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(c) => {
-                out.push(c as char);
-                rest = &rest[i + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 fn show_debootstrap_log(root: &Path) {
     let log = root.join("debootstrap/debootstrap.log");
     if let Ok(text) = std::fs::read_to_string(&log) {
@@ -369,20 +329,5 @@ fn show_debootstrap_log(root: &Path) {
             eprintln!("{l}");
         }
         eprintln!("---");
-    }
-}
-
-fn is_root_user() -> bool {
-    probe_stdout(Command::new("id").arg("-u")).as_deref() == Some("0")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unescape_mount;
-
-    #[test]
-    fn mount_escapes() {
-        assert_eq!(unescape_mount(r"/tmp/a\040b"), "/tmp/a b");
-        assert_eq!(unescape_mount("/plain"), "/plain");
     }
 }
