@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use profiler_common::{ProcEvent, PROC_EVENT_EXEC, PROC_EVENT_EXIT};
 
-/// When an exec'd process is inspected, in milliseconds after its exec event arrived.
-pub const EXEC_RETRY_MS: [u64; 8] = [0, 3, 10, 30, 80, 200, 450, 900];
+/// When an exec'd process is inspected, in milliseconds after its exec event arrived. The
+/// last tries are for loaded or emulated machines, where the loader can take seconds to map
+/// `libpython`.
+pub const EXEC_RETRY_MS: [u64; 10] = [0, 3, 10, 30, 80, 200, 450, 900, 1600, 3000];
 /// Exec'd processes waiting for inspection at once; beyond it new ones wait for the scan.
 pub const MAX_PENDING: usize = 4096;
 

@@ -285,6 +285,13 @@ fn exit_cleanup_after_100_processes() {
         stats["kernel"]["exit_procs_removed"].as_u64(),
         "every PROCS removal at exit reached userspace"
     );
+    // Userspace's /proc sweep empties the maps too: only the kernel's own exit events prove
+    // the exit hook works.
+    let added = lc["added_on_exec"].as_u64().unwrap_or(0);
+    assert!(
+        lc["exit_events"].as_u64().unwrap_or(0) * 10 >= added * 9,
+        "the kernel's exit hook reported fewer than 90% of the {added} registered processes: {lc}"
+    );
 }
 
 /// Unmounts tracefs and debugfs in the private mount namespace `unshare -m` made, proves they

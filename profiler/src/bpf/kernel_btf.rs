@@ -20,7 +20,8 @@ const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 impl ExitOffsets {
     pub fn from_sys_fs() -> Result<ExitOffsets> {
-        let btf = Btf::from_file(VMLINUX).with_context(|| format!("parsing {VMLINUX}"))?;
+        let btf = Btf::from_file_with_backend(VMLINUX, btf_rs::Backend::Mmap)
+            .with_context(|| format!("parsing {VMLINUX}"))?;
         Self::from_btf(&btf)
     }
 
