@@ -17,15 +17,31 @@ fn main() -> anyhow::Result<()> {
             .display()
     );
     let root_dir = ebpf_dir.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
-    aya_build::build_ebpf(
-        [aya_build::Package {
-            name: "profiler-ebpf",
-            root_dir,
-            ..Default::default()
-        }],
-        aya_build::Toolchain::default(),
-    )
-    .context(
-        "building the BPF programs failed: run `cargo xtask setup` (nightly rust-src + bpf-linker)",
-    )
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").context("OUT_DIR")?);
+    // Two objects: `profiler-ebpf-log` has the `--debug-bpf` diagnostics compiled in, the
+    // default one has no log code at all. aya-build writes both to `OUT_DIR/profiler-ebpf`,
+    // so the first is renamed before the second is built.
+    for (features, object) in [
+        (&["log"][..], "profiler-ebpf-log"),
+        (&[][..], "profiler-ebpf"),
+    ] {
+        aya_build::build_ebpf(
+            [aya_build::Package {
+                name: "profiler-ebpf",
+                root_dir,
+                features,
+                ..Default::default()
+            }],
+            aya_build::Toolchain::default(),
+        )
+        .context(
+            "building the BPF programs failed: run `cargo xtask setup` (nightly rust-src + \
+             bpf-linker)",
+        )?;
+        if object != "profiler-ebpf" {
+            std::fs::rename(out_dir.join("profiler-ebpf"), out_dir.join(object))
+                .with_context(|| format!("renaming the BPF object to {object}"))?;
+        }
+    }
+    Ok(())
 }

@@ -314,6 +314,11 @@ impl Session {
         self.sampler.program_runtime()
     }
 
+    /// (translated, JITed) bytes of the BPF sampler program.
+    pub fn program_size(&self) -> (u32, u32) {
+        self.sampler.program_size()
+    }
+
     /// Where stacks came from: kernel, completion cache, chunk copies, or left truncated.
     pub fn completion_stats(&self) -> CompletionStats {
         self.completer.stats

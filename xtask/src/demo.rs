@@ -31,7 +31,7 @@ pub fn demo() -> Result<()> {
     if !status.success() {
         bail!(
             "`pyebpf record` failed ({status})\n  fix: pyebpf needs root (or CAP_BPF, CAP_PERFMON \
-             and CAP_SYS_PTRACE) and a kernel >= 5.17 with BTF; see the message above"
+             and CAP_SYS_PTRACE) and Linux 6.1 or newer with BTF; see the message above"
         );
     }
     if !output.exists() {

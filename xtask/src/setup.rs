@@ -245,7 +245,7 @@ fn check_kernel() {
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         eprintln!(
             "warn: /sys/kernel/btf/vmlinux is missing; pyebpf needs a kernel built with \
-             CONFIG_DEBUG_INFO_BTF (Linux >= 5.17)"
+             CONFIG_DEBUG_INFO_BTF (Linux 6.1 or newer)"
         );
     }
 }

@@ -20,8 +20,9 @@ const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 impl ExitOffsets {
     pub fn from_sys_fs() -> Result<ExitOffsets> {
-        let btf = Btf::from_file_with_backend(VMLINUX, btf_rs::Backend::Mmap)
-            .with_context(|| format!("parsing {VMLINUX}"))?;
+        // Read, not mapped: older kernels (6.1 here) refuse to map this sysfs file.
+        let bytes = std::fs::read(VMLINUX).with_context(|| format!("reading {VMLINUX}"))?;
+        let btf = Btf::from_bytes(&bytes).with_context(|| format!("parsing {VMLINUX}"))?;
         Self::from_btf(&btf)
     }
 

@@ -21,6 +21,9 @@ use profiler_common::{stat, ProcInfo, PyOffsets, MAX_LAYOUTS};
 pub use load_error::LoadError;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+/// The same programs with aya-log diagnostics compiled in, for `--debug-bpf`.
+static OBJECT_WITH_LOG: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf-log"));
 
 /// Counters the kernel keeps per CPU, summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -101,13 +104,18 @@ impl Sampler {
             )
         })?;
         let offsets = kernel_btf::ExitOffsets::from_sys_fs()?;
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(Some(&btf))
             .override_global("TASK_SIGNAL_OFFSET", &offsets.task_signal, true)
-            .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true)
-            .override_global("DEBUG", &debug.0, true)
-            .load(OBJECT)
-            .context("loading the BPF object")?;
+            .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true);
+        let object = if debug == DebugBpf::OFF {
+            OBJECT
+        } else {
+            loader.override_global("DEBUG", &debug.0, true);
+            OBJECT_WITH_LOG
+        };
+        let mut ebpf = loader.load(object).context("loading the BPF object")?;
         let logger = if debug != DebugBpf::OFF {
             Some(
                 aya_log::EbpfLogger::init(&mut ebpf)
@@ -245,6 +253,18 @@ impl Sampler {
             .and_then(|p| <&PerfEvent>::try_from(p).ok())
             .and_then(|p| p.info().ok());
         info.map(|i| (i.run_time().as_nanos() as u64, i.run_count()))
+            .unwrap_or((0, 0))
+    }
+
+    /// Bytes of the sampler program as the kernel runs it: after the verifier (which drops
+    /// the `--debug-bpf` log code when it is off) and after the JIT.
+    pub fn program_size(&self) -> (u32, u32) {
+        let info = self
+            .ebpf
+            .program("sample")
+            .and_then(|p| <&PerfEvent>::try_from(p).ok())
+            .and_then(|p| p.info().ok());
+        info.map(|i| (i.size_translated().unwrap_or(0), i.size_jitted()))
             .unwrap_or((0, 0))
     }
 

@@ -21,6 +21,9 @@ struct StatsReport {
     /// BPF sampler program: total run time and runs (needs `kernel.bpf_stats_enabled=1`).
     bpf_run_time_ns: u64,
     bpf_run_count: u64,
+    /// BPF sampler program as loaded: bytes after the verifier, and of machine code.
+    bpf_xlated_bytes: u32,
+    bpf_jited_bytes: u32,
     /// pyebpf's own CPU time.
     user_cpu_s: f64,
     system_cpu_s: f64,
@@ -94,6 +97,7 @@ pub(super) fn write_stats(
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let (bpf_run_time_ns, bpf_run_count) = session.program_runtime();
+    let (bpf_xlated_bytes, bpf_jited_bytes) = session.program_size();
     let report = StatsReport {
         duration_s: elapsed.as_secs_f64(),
         processes: session.seen.values().filter(|c| !c.is_empty()).count(),
@@ -104,6 +108,8 @@ pub(super) fn write_stats(
         remote_reads: crate::memory::REMOTE_READS.load(std::sync::atomic::Ordering::Relaxed),
         bpf_run_time_ns,
         bpf_run_count,
+        bpf_xlated_bytes,
+        bpf_jited_bytes,
         user_cpu_s: secs(usage.ru_utime),
         system_cpu_s: secs(usage.ru_stime),
         lifecycle: session.lifecycle_stats(),

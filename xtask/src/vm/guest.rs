@@ -77,6 +77,29 @@ pub const ROWS: &[Row] = &[
         },
     },
     Row {
+        id: "no-tracefs",
+        what: What::Test {
+            bin: "lifecycle",
+            test: "no_tracefs_system_wide_catches_a_late_process",
+            interpreters: "debian",
+        },
+    },
+    Row {
+        id: "debug-bpf-loads",
+        what: What::Pyebpf {
+            args: &[
+                "record",
+                "--debug-bpf",
+                "-d",
+                "2",
+                "-f",
+                "collapsed",
+                "-o",
+                "/tmp/pyebpf-vm-debug-bpf.txt",
+            ],
+        },
+    },
+    Row {
         id: "exit-cleanup",
         what: What::Test {
             bin: "lifecycle",
