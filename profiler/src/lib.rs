@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod output;
 pub mod privileges;
+pub mod procfs;
 pub mod python;
 pub mod record;
 pub mod session;

@@ -39,16 +39,12 @@ pub fn run(args: RecordArgs) -> Result<i32> {
 }
 
 /// Checks shared by `record` and `top` before anything is loaded: privileges, then that every
-/// requested pid exists. Both are usage errors (exit code 2).
+/// requested pid is a CPython process pyebpf can profile. Both are usage errors (exit code 2).
 pub fn preflight(pids: &[u32]) -> Result<()> {
     crate::privileges::check()?;
+    let elves = crate::elf::ElfCache::default();
     for &pid in pids {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(UsageError(format!(
-                "no process with pid {pid}: check the pid with `ps -p {pid}`"
-            ))
-            .into());
-        }
+        crate::discovery::inspect_requested(pid, &elves)?;
     }
     Ok(())
 }
