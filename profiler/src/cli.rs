@@ -42,13 +42,16 @@ pub struct RecordArgs {
     /// Python process on the host is profiled, including ones that start later.
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
-    /// Stop after this many seconds (default: until Ctrl-C or until the targets exit).
+    /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or SIGHUP, or until the
+    /// targets exit; each writes the profile).
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_duration)]
     pub duration: Option<f64>,
     /// Samples per second per CPU.
     #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
     pub rate: u64,
-    /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>).
+    /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>). Checked
+    /// before sampling starts; if writing still fails at the end, the profile is saved to a
+    /// file in the temporary directory and the message names it (exit code 1).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Output format.

@@ -1,9 +1,10 @@
 //! pyebpf: a system-wide sampling profiler for CPython built on BPF.
 //!
 //! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffer) →
-//! `discovery` (which processes are interpreters, `elf` + `python::*` layouts) →
-//! `symbolize` (code objects → function/file/line via `python::code` and `python::linetable`)
-//! → `aggregate` → `output::*` (flame graph, speedscope, collapsed), driven by `record`.
+//! `discovery` (which processes are interpreters, `elf` + `python::*` layouts, `procfs` facts)
+//! → `symbolize` (code objects → function/file/line via `python::code` and `python::linetable`)
+//! → `aggregate` → `output::*` (flame graph, speedscope, collapsed; `output::destination`
+//! keeps the file safe), driven by `record`.
 
 pub mod aggregate;
 pub mod bpf;
@@ -43,6 +44,8 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
     let usage = err.chain().any(|e| {
         e.downcast_ref::<UsageError>().is_some()
             || e.downcast_ref::<discovery::DiscoveryError>().is_some()
+            || e.downcast_ref::<output::destination::Unwritable>()
+                .is_some()
     });
     if usage {
         2
