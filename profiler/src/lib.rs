@@ -4,10 +4,12 @@
 //! `discovery` (which processes are interpreters, `elf` + `python::*` layouts, `procfs` facts)
 //! → `symbolize` (code objects → function/file/line via `python::code` and `python::linetable`)
 //! → `aggregate` → `output::*` (flame graph, speedscope, collapsed; `output::destination`
-//! keeps the file safe), driven by `record`.
+//! keeps the file safe), driven by `record`. `check` says whether the host can run all this,
+//! and holds the preflight `record` and `top` run.
 
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod cli;
 pub mod complete;
 pub mod discovery;

@@ -31,7 +31,7 @@ enum Scope {
 }
 
 pub fn run(mut args: RecordArgs) -> Result<i32> {
-    preflight(&args.pids)?;
+    crate::check::preflight(&args.pids)?;
     // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
     let output = args
         .output
@@ -46,17 +46,6 @@ pub fn run(mut args: RecordArgs) -> Result<i32> {
         .enable_all()
         .build()?;
     runtime.block_on(record(args))
-}
-
-/// Checks shared by `record` and `top` before anything is loaded: privileges, then that every
-/// requested pid is a CPython process pyebpf can profile. Both are usage errors (exit code 2).
-pub fn preflight(pids: &[u32]) -> Result<()> {
-    crate::privileges::check()?;
-    let elves = crate::elf::ElfCache::default();
-    for &pid in pids {
-        crate::discovery::inspect_requested(pid, &elves)?;
-    }
-    Ok(())
 }
 
 /// Why the recording loop ended.

@@ -97,7 +97,7 @@ pub fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
 }
 
 pub fn run(args: TopArgs) -> Result<i32> {
-    crate::record::preflight(&args.pids)?;
+    crate::check::preflight(&args.pids)?;
     let interactive = std::io::stdout().is_terminal() && !args.once && args.iterations.is_none();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
