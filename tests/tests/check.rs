@@ -114,6 +114,42 @@ fn assert_listed(report: &Value, pid: u32, workload: &Workload, minor: u32, what
     assert_eq!(p["layout_source"], source, "{what}: {p}");
 }
 
+/// A process that maps a file named like Python but holds no runtime (a copy of `sleep`),
+/// killed and removed when dropped.
+struct FakePython {
+    child: std::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl FakePython {
+    fn start() -> FakePython {
+        let dir = tests::temp_path("fake-python", "d");
+        std::fs::create_dir(&dir).unwrap();
+        let exe = dir.join("python2-fake");
+        std::fs::copy("/bin/sleep", &exe).unwrap();
+        let child = Command::new(&exe).arg("60").spawn().unwrap();
+        // Until exec is done, /proc/PID/maps still shows the test binary.
+        let maps = format!("/proc/{}/maps", child.id());
+        let started = std::time::Instant::now();
+        while !std::fs::read_to_string(&maps).is_ok_and(|m| m.contains("python2-fake")) {
+            assert!(
+                started.elapsed().as_secs() < 10,
+                "python2-fake did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        FakePython { child, dir }
+    }
+}
+
+impl Drop for FakePython {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn lists_live_interpreters_with_version_binary_and_layout_source() {
     let interps: Vec<Interpreter> = interpreters_logged();
@@ -135,19 +171,10 @@ fn lists_live_interpreters_with_version_binary_and_layout_source() {
         workloads.iter().any(|(_, w)| shared(w)),
         "no shared CPython build on this machine (pyenv builds are)"
     );
-    // Something that maps a file named like Python but holds no runtime.
-    let fake_dir = tests::temp_path("fake-python", "d");
-    std::fs::create_dir(&fake_dir).unwrap();
-    let fake = fake_dir.join("python2-fake");
-    std::fs::copy("/bin/sleep", &fake).unwrap();
-    let mut fake_proc = Command::new(&fake).arg("60").spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let fake = FakePython::start();
 
     let (code, report) = check_json(&[]);
     let (text_code, text) = check_text(&[]);
-    let _ = fake_proc.kill();
-    let _ = fake_proc.wait();
-    let _ = std::fs::remove_dir_all(&fake_dir);
     eprintln!("{text}");
 
     assert_consistent(code, &report);
@@ -172,7 +199,7 @@ fn lists_live_interpreters_with_version_binary_and_layout_source() {
     let unsupported = report["processes"]["unsupported"].as_array().unwrap();
     let listed = unsupported
         .iter()
-        .find(|p| p["pid"] == fake_proc.id())
+        .find(|p| p["pid"] == fake.child.id())
         .unwrap_or_else(|| panic!("the fake python is not listed: {unsupported:?}"));
     assert!(
         listed["reason"]

@@ -172,6 +172,21 @@ fn signal_ends_recording(signal: &str) {
     assert!(leaf >= 20, "SIG{signal}: {leaf} samples in leaf(): {text}");
 }
 
+/// The pid in pyebpf's "profiling pid N (...)" line.
+fn launched_pid(stderr: &str) -> u32 {
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.split(RECORDING)
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no `{RECORDING} N` line: {stderr}"))
+}
+
 fn read_and_remove(path: &Path) -> String {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("no profile at {}: {e}", path.display()));
@@ -215,10 +230,18 @@ fn sigterm_in_command_mode_stops_the_command_too() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut pyebpf = Running::start(&args);
     pyebpf.wait_for(RECORDING, START_TIMEOUT);
+    let command = launched_pid(&pyebpf.stderr.join("\n"));
     std::thread::sleep(Duration::from_secs(2));
     pyebpf.signal("TERM");
     let (status, stderr) = pyebpf.finish(Duration::from_secs(30));
     eprintln!("{stderr}");
+    // pyebpf waited for (and reaped) the command; one still running was not stopped.
+    if std::path::Path::new(&format!("/proc/{command}")).exists() {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &command.to_string()])
+            .status();
+        panic!("the command {command} still runs after pyebpf exited: {stderr}");
+    }
     assert_eq!(status.code(), Some(128 + 15), "{stderr}");
     let text = read_and_remove(&out);
     let leaf: u64 = parse_collapsed(&text)
