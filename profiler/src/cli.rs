@@ -18,7 +18,8 @@ use crate::output::Format;
     after_help = "Examples:\n  \
         sudo pyebpf record -o profile.svg -- python3 app.py     profile a new program\n  \
         sudo pyebpf record -p 1234 -d 30 -f speedscope -o out.json\n  \
-        sudo pyebpf record -d 10                                  every Python process on the host"
+        sudo pyebpf record -d 10                                  every Python process on the host\n  \
+        sudo pyebpf check                                         can this host run pyebpf?"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -34,6 +35,43 @@ pub enum Command {
     Record(RecordArgs),
     /// Live view of the Python functions using the most CPU, across every interpreter.
     Top(TopArgs),
+    /// Whether this host can run pyebpf, what to fix if not, and which Python processes it
+    /// can profile.
+    #[command(
+        long_about = "Whether this host can run pyebpf, what to fix if not, and which Python \
+            processes it can profile.\n\n\
+            Each line is one fact: ✔ as pyebpf needs it, ✘ a problem (followed by its fix), · \
+            information.\n\n\
+            Host: the kernel release, kernel BTF (/sys/kernel/btf/vmlinux), the capabilities \
+            pyebpf holds (CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, or CAP_SYS_ADMIN), \
+            kernel.perf_event_paranoid (it only matters without CAP_PERFMON), the kernel \
+            lockdown mode (`confidentiality` refuses BPF reads) and \
+            kernel.unprivileged_bpf_disabled.\n\n\
+            BPF: the real sampler is loaded and attached to every CPU for a moment, then \
+            removed; a program the kernel refuses is named with the kernel's answer. Nothing \
+            is inferred from version numbers.\n\n\
+            Python processes: for every interpreter pyebpf can see, its pid, CPython version, \
+            the binary holding the runtime (the executable, or libpython for a shared build), \
+            where its layout comes from (a table built into pyebpf for 3.11 and 3.12, the \
+            target's own _Py_DebugOffsets for 3.13 and newer) and whether it lives in another \
+            pid or mount namespace (a container); then the ones pyebpf cannot profile, with \
+            the reason, and the processes it may not read at all.\n\n\
+            Exit status: 0 when ready (no ✘), 1 when not. Run it as the user that will run \
+            pyebpf: without root it reports what is missing.",
+        after_help = "Examples:\n  \
+            sudo pyebpf check                 is this host ready, and what runs Python here?\n  \
+            sudo pyebpf check --json | jq .ready\n  \
+            pyebpf check                      what an unprivileged user lacks"
+    )]
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Print the same facts as one JSON document: {ready, host: [{id, status, text, fix}],
+    /// processes: {supported, unsupported, unreadable}}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -42,13 +80,16 @@ pub struct RecordArgs {
     /// Python process on the host is profiled, including ones that start later.
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
-    /// Stop after this many seconds (default: until Ctrl-C or until the targets exit).
+    /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or SIGHUP, or until the
+    /// targets exit; each writes the profile).
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_duration)]
     pub duration: Option<f64>,
     /// Samples per second per CPU.
     #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
     pub rate: u64,
-    /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>).
+    /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>). Checked
+    /// before sampling starts; if writing still fails at the end, the profile is saved to a
+    /// file in the temporary directory and the message names it (exit code 1).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Output format.

@@ -97,10 +97,43 @@ fn parse_container_id(cgroup: &str) -> Option<String> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    #[error("no process with pid {pid}")]
-    NoSuchProcess { pid: u32 },
-    #[error("process {pid} ({command}) is not a CPython process: neither its executable nor a mapped libpython holds a Python runtime")]
-    NotPython { pid: u32, command: String },
+    #[error("no process with pid {pid}{}", absent_hint(*pid, .namesakes))]
+    NoSuchProcess {
+        pid: u32,
+        /// Host pids of processes known as `pid` inside a pid namespace below ours (filled in
+        /// for pids the user gave, see [`inspect_requested`]).
+        namesakes: Vec<(u32, String)>,
+    },
+    #[error("{tid} is a thread of process {pid} ({command}), not a process: use `-p {pid}`")]
+    Thread { tid: u32, pid: u32, command: String },
+    #[error("process {pid} ({command}) has exited: it is a zombie until its parent {parent} reaps it, and has no memory left to profile")]
+    Zombie {
+        pid: u32,
+        command: String,
+        parent: u32,
+    },
+    #[error("process {pid} ({command}) is a kernel thread, not a CPython process: pass the pid of a Python process (`pyebpf check` lists them){}", namesake_hint(*pid, .namesakes))]
+    KernelThread {
+        pid: u32,
+        command: String,
+        namesakes: Vec<(u32, String)>,
+    },
+    #[error("process {pid} ({command}) exists, but pyebpf may not read its {file}: {error}: {}{}", unreadable_fix(.error, *pid, .file), namesake_hint(*pid, .namesakes))]
+    Unreadable {
+        pid: u32,
+        command: String,
+        namesakes: Vec<(u32, String)>,
+        /// The `/proc/PID/` file that could not be read, e.g. `maps`.
+        file: &'static str,
+        /// Not a `source`: the message already says it, once.
+        error: std::io::Error,
+    },
+    #[error("process {pid} ({command}) is not a CPython process: neither its executable nor a mapped libpython holds a Python runtime{}", namesake_hint(*pid, .namesakes))]
+    NotPython {
+        pid: u32,
+        command: String,
+        namesakes: Vec<(u32, String)>,
+    },
     #[error("process {pid} runs CPython {version} ({binary}), which pyebpf does not support: supported versions are 3.11 to 3.15")]
     Unsupported {
         pid: u32,
@@ -121,9 +154,94 @@ impl DiscoveryError {
     pub fn is_benign(&self) -> bool {
         matches!(
             self,
-            DiscoveryError::NoSuchProcess { .. } | DiscoveryError::NotPython { .. }
+            DiscoveryError::NoSuchProcess { .. }
+                | DiscoveryError::NotPython { .. }
+                | DiscoveryError::Zombie { .. }
+                | DiscoveryError::KernelThread { .. }
         )
     }
+
+    /// The process is gone (exited, or exiting): nothing to retry.
+    pub fn is_gone(&self) -> bool {
+        matches!(
+            self,
+            DiscoveryError::NoSuchProcess { .. } | DiscoveryError::Zombie { .. }
+        )
+    }
+
+    fn no_such_process(pid: u32) -> DiscoveryError {
+        DiscoveryError::NoSuchProcess {
+            pid,
+            namesakes: Vec::new(),
+        }
+    }
+}
+
+/// The fix after "no process with pid N": the processes a container user may have meant, or
+/// that pyebpf itself sits in a container and sees only its processes.
+fn absent_hint(pid: u32, namesakes: &[(u32, String)]) -> String {
+    if !namesakes.is_empty() {
+        return format!(" here; {}", namesakes_text(pid, namesakes));
+    }
+    if !crate::procfs::in_host_pid_namespace() {
+        return " in pyebpf's pid namespace: pyebpf runs in a container of its own and sees only \
+                its processes; run it in the host's pid namespace (e.g. `docker run --pid=host`)"
+            .to_string();
+    }
+    format!(": check the pid with `ps -p {pid}`")
+}
+
+/// Appended to errors about an existing process when other processes are known as `pid` in a
+/// container: the user may have meant one of those.
+fn namesake_hint(pid: u32, namesakes: &[(u32, String)]) -> String {
+    if namesakes.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; if you meant a process in a container: {}",
+        namesakes_text(pid, namesakes)
+    )
+}
+
+/// "inside another pid namespace, pid 7 is host pid 1234 (python3 app.py): pyebpf takes host
+/// pids, use `-p 1234`".
+fn namesakes_text(pid: u32, namesakes: &[(u32, String)]) -> String {
+    // Every container has a pid 1: name a few, count the rest.
+    const LISTED: usize = 3;
+    let mut listed: Vec<String> = namesakes
+        .iter()
+        .take(LISTED)
+        .map(|(host, command)| format!("{host} ({command})"))
+        .collect();
+    if namesakes.len() > LISTED {
+        listed.push(format!("{} more", namesakes.len() - LISTED));
+    }
+    let advice = match namesakes {
+        [(host, _)] => format!("use `-p {host}`"),
+        _ => "use one of those".to_string(),
+    };
+    format!(
+        "inside another pid namespace, pid {pid} is host pid {}: pyebpf takes host pids, {advice}",
+        listed.join(" or ")
+    )
+}
+
+/// What to do when `/proc/PID/<file>` of an existing process cannot be read.
+fn unreadable_fix(err: &std::io::Error, pid: u32, file: &str) -> String {
+    let denied = matches!(err.raw_os_error(), Some(libc::EACCES | libc::EPERM));
+    if !denied {
+        return format!("check `cat /proc/{pid}/{file}`");
+    }
+    if crate::privileges::missing().contains(&"CAP_SYS_PTRACE") {
+        return "reading another user's process needs CAP_SYS_PTRACE: run pyebpf with sudo"
+            .to_string();
+    }
+    format!(
+        "the kernel refused even though pyebpf has CAP_SYS_PTRACE, so a security module or \
+         sandbox (Landlock, SELinux, AppArmor, Yama, a container) stands between pyebpf and this \
+         process: run pyebpf outside that sandbox, in the host's namespaces (`cat /proc/{pid}/{file}` \
+         from the same shell fails the same way)"
+    )
 }
 
 pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
@@ -191,7 +309,37 @@ fn is_candidate(path: &str, exe: &str) -> bool {
 /// Finds the CPython runtime of `pid` and its layout.
 pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
     let command = short_command(pid);
-    let maps = read_maps(pid).map_err(|_| DiscoveryError::NoSuchProcess { pid })?;
+    let maps = read_maps(pid).map_err(|error| {
+        if crate::procfs::is_absent(&error) {
+            return DiscoveryError::no_such_process(pid);
+        }
+        DiscoveryError::Unreadable {
+            pid,
+            command: command.clone(),
+            namesakes: Vec::new(),
+            file: "maps",
+            error,
+        }
+    })?;
+    if maps.is_empty() {
+        // Zombies and kernel threads have no memory map; say which, not just "not Python".
+        if let Ok(stat) = crate::procfs::stat(pid) {
+            if stat.is_zombie() {
+                return Err(DiscoveryError::Zombie {
+                    pid,
+                    command: stat.comm,
+                    parent: stat.ppid,
+                });
+            }
+            if stat.is_kernel_thread() {
+                return Err(DiscoveryError::KernelThread {
+                    pid,
+                    command: stat.comm,
+                    namesakes: Vec::new(),
+                });
+            }
+        }
+    }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -231,7 +379,37 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
             container: container_id(pid),
         });
     }
-    Err(DiscoveryError::NotPython { pid, command })
+    Err(DiscoveryError::NotPython {
+        pid,
+        command,
+        namesakes: Vec::new(),
+    })
+}
+
+/// [`inspect`] for a pid the user named (`-p`): also refuses a thread id, and when the pid is
+/// wrong names the processes known by that pid inside containers, which the user may have
+/// meant.
+pub fn inspect_requested(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
+    if let Some(tgid) = crate::procfs::tgid(pid).filter(|&tgid| tgid != pid) {
+        return Err(DiscoveryError::Thread {
+            tid: pid,
+            pid: tgid,
+            command: short_command(tgid),
+        });
+    }
+    inspect(pid, elves).map_err(|mut err| {
+        if let DiscoveryError::NoSuchProcess { namesakes, .. }
+        | DiscoveryError::NotPython { namesakes, .. }
+        | DiscoveryError::KernelThread { namesakes, .. }
+        | DiscoveryError::Unreadable { namesakes, .. } = &mut err
+        {
+            *namesakes = crate::procfs::namesakes(pid)
+                .into_iter()
+                .map(|host| (host, short_command(host)))
+                .collect();
+        }
+        err
+    })
 }
 
 /// A path through which this process can open a file `pid` maps. `/proc/PID/map_files`
@@ -328,6 +506,11 @@ pub fn all_pids() -> Vec<u32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .filter(|&pid| pid != me)
         .collect()
+}
+
+/// Does any mapped file look like Python (`python3.12`, `libpython3.12.so`, ...)?
+pub fn mentions_python(maps: &[Mapping]) -> bool {
+    maps.iter().any(|m| basename(&m.path).contains("python"))
 }
 
 /// Cheap pre-filter for system-wide scans: does anything mapped look like Python?

@@ -1,12 +1,15 @@
 //! pyebpf: a system-wide sampling profiler for CPython built on BPF.
 //!
 //! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffer) →
-//! `discovery` (which processes are interpreters, `elf` + `python::*` layouts) →
-//! `symbolize` (code objects → function/file/line via `python::code` and `python::linetable`)
-//! → `aggregate` → `output::*` (flame graph, speedscope, collapsed), driven by `record`.
+//! `discovery` (which processes are interpreters, `elf` + `python::*` layouts, `procfs` facts)
+//! → `symbolize` (code objects → function/file/line via `python::code` and `python::linetable`)
+//! → `aggregate` → `output::*` (flame graph, speedscope, collapsed; `output::destination`
+//! keeps the file safe), driven by `record`. `check` says whether the host can run all this,
+//! and holds the preflight `record` and `top` run.
 
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod cli;
 pub mod complete;
 pub mod discovery;
@@ -16,6 +19,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod output;
 pub mod privileges;
+pub mod procfs;
 pub mod python;
 pub mod record;
 pub mod session;
@@ -42,6 +46,8 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
     let usage = err.chain().any(|e| {
         e.downcast_ref::<UsageError>().is_some()
             || e.downcast_ref::<discovery::DiscoveryError>().is_some()
+            || e.downcast_ref::<output::destination::Unwritable>()
+                .is_some()
     });
     if usage {
         2

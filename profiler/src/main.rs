@@ -16,6 +16,7 @@ fn main() {
     let result = match cli.command {
         Command::Record(args) => profiler::record::run(args),
         Command::Top(args) => profiler::top::run(args),
+        Command::Check(args) => profiler::check::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -508,7 +508,7 @@ impl Session {
         let last = self.lifecycle.last_attempt(pid);
         match self.add(pid).map(|_| ()) {
             Ok(()) => Attempt::Added,
-            Err(DiscoveryError::NoSuchProcess { .. }) => {
+            Err(e) if e.is_gone() => {
                 log::debug!("pid {pid} exited before it could be inspected");
                 Attempt::Gone
             }

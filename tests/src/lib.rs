@@ -253,13 +253,21 @@ pub struct Workload {
 impl Workload {
     /// Starts `script` (in [`workloads_dir`]) under `interp` and waits until it prints `ready`.
     pub fn start(interp: &Interpreter, script: &str, args: &[&str]) -> Workload {
-        use std::io::BufRead;
         let path = workloads_dir().join(script);
-        let mut child = interp
-            .command(&path, args)
+        Workload::start_command(
+            interp.command(&path, args),
+            &format!("{script} under {}", interp.label),
+        )
+    }
+
+    /// Starts `cmd` (a workload, possibly behind a wrapper such as `unshare`) and waits until
+    /// it prints `ready`. `what` names it in panics.
+    pub fn start_command(mut cmd: Command, what: &str) -> Workload {
+        use std::io::BufRead;
+        let mut child = cmd
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {script} under {}: {e}", interp.label));
+            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
         let stdout = child.stdout.take().unwrap();
         let mut reader = std::io::BufReader::new(stdout);
         let mut lines = Vec::new();
@@ -268,11 +276,7 @@ impl Workload {
             let n = reader
                 .read_line(&mut line)
                 .expect("reading workload output");
-            assert!(
-                n > 0,
-                "{script} under {} exited before printing ready",
-                interp.label
-            );
+            assert!(n > 0, "{what} exited before printing ready");
             let line = line.trim().to_string();
             let done = line == "ready";
             lines.push(line);
@@ -412,6 +416,117 @@ pub fn marker_lines(script: &str) -> std::collections::HashMap<String, u32> {
             Some((name.trim().to_string(), i as u32 + 1))
         })
         .collect()
+}
+
+/// The one `pyebpf: error:` line of `stderr`; panics when there are none or several.
+pub fn one_line_error(stderr: &str) -> &str {
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("pyebpf: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "expected one error line, got: {stderr}");
+    errors[0]
+}
+
+/// `pyebpf` running in the background, its stderr read line by line as it comes.
+pub struct Running {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Every stderr line read so far.
+    pub stderr: Vec<String>,
+}
+
+impl Running {
+    /// Starts `pyebpf ARGS` with stderr piped (stdout is discarded).
+    pub fn start(args: &[&str]) -> Running {
+        use std::io::BufRead;
+        let mut child = Command::new(pyebpf_bin())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running pyebpf");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            stderr: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until a stderr line contains `text`; panics (with everything printed) after
+    /// `timeout` or when pyebpf closes stderr first.
+    pub fn wait_for(&mut self, text: &str, timeout: std::time::Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(text);
+                    self.stderr.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stderr line with {text:?} ({e}); stderr so far:\n{}",
+                    self.stderr.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Sends `signal` (a `kill -s` name such as `TERM`) to pyebpf.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args(["-s", signal, &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -s {signal} failed");
+    }
+
+    /// Waits for pyebpf to exit (killing it and panicking after `timeout`); returns its exit
+    /// status and its whole stderr.
+    pub fn finish(mut self, timeout: std::time::Duration) -> (std::process::ExitStatus, String) {
+        let deadline = std::time::Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for pyebpf") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "pyebpf did not exit within {timeout:?}; stderr:\n{}",
+                    self.stderr.join("\n")
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        // The reader thread ends at EOF, after the last line.
+        while let Ok(line) = self.lines.recv_timeout(std::time::Duration::from_secs(5)) {
+            self.stderr.push(line);
+        }
+        (status, self.stderr.join("\n"))
+    }
+}
+
+/// A fresh temporary path `pyebpf-test-<pid>-<stem>-<n>.<ext>` (not created).
+pub fn temp_path(stem: &str, ext: &str) -> PathBuf {
+    unique_path(stem, ext)
 }
 
 #[cfg(test)]

@@ -336,7 +336,8 @@ fn no_tracefs_system_wide_catches_a_late_process() {
         WITHOUT_TRACEFS,
         "sh",
     ];
-    let bg = Background::start_via("notracefs", &launcher, &["-d", "5", "-r", "199"]);
+    let duration = format!("{}", 5.0 * tests::slowdown());
+    let bg = Background::start_via("notracefs", &launcher, &["-d", &duration, "-r", "199"]);
     let pyebpf = bg.child.id();
     // Read while it runs: the namespace pyebpf actually sampled from.
     let mounts = trace_mounts(pyebpf);

@@ -416,3 +416,79 @@ fn live_view_in_tmux() {
     drop(split);
     drop(chain);
 }
+
+/// The pid of the `pyebpf top` started with `args` (found by its command line).
+fn pyebpf_top_pid(args: &str) -> u32 {
+    let wanted = format!("{} {args}", pyebpf_bin().display());
+    let started = Instant::now();
+    loop {
+        let found = std::fs::read_dir("/proc").unwrap().find_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            (cmdline.trim_end() == wanted).then_some(pid)
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(started.elapsed().as_secs() < 10, "no process `{wanted}`");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGTERM and SIGHUP end the live view like `q`: the shell comes back with the terminal out
+/// of raw mode (canonical input and echo on again).
+#[test]
+fn live_view_restores_the_terminal_on_sigterm_and_sighup() {
+    let _serial = serial();
+    let Some(tmux) = Tmux::start(140, 40) else {
+        return;
+    };
+    let interp = first_interpreter();
+    let chain = Workload::start(&interp, "chain.py", &[]);
+    let c = chain.pid();
+    for signal in ["TERM", "HUP"] {
+        let args = format!("top -p {c}");
+        tmux.keys(&[&format!("{} {args}", pyebpf_bin().display()), "Enter"]);
+        tmux.wait_for("the hot function on screen", Duration::from_secs(10), |s| {
+            has_row(s, c, "leaf")
+        });
+        let pid = pyebpf_top_pid(&args);
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tmux.wait_for(
+            &format!("the shell back after SIG{signal}"),
+            Duration::from_secs(5),
+            |sc| {
+                !sc.contains("%Own")
+                    && tmux
+                        .run(&["display", "-p", "-t", "top", "#{pane_current_command}"])
+                        .trim()
+                        == "sh"
+            },
+        );
+        let stty = tests::temp_path("stty", "txt");
+        tmux.keys(&["clear", "Enter"]);
+        tmux.keys(&[&format!("stty -a > {}", stty.display()), "Enter"]);
+        let started = Instant::now();
+        let modes = loop {
+            match std::fs::read_to_string(&stty) {
+                Ok(text) if text.contains("icanon") => break text,
+                _ => {
+                    assert!(started.elapsed().as_secs() < 5, "stty -a did not run");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        };
+        let _ = std::fs::remove_file(&stty);
+        let flags: Vec<&str> = modes.split_whitespace().collect();
+        assert!(
+            flags.contains(&"icanon") && flags.contains(&"echo"),
+            "SIG{signal} left the terminal raw: {modes}"
+        );
+    }
+    drop(chain);
+}

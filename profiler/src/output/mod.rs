@@ -4,6 +4,7 @@
 //! collapsed ("folded") stacks, the text format most flame graph tools read.
 
 pub mod collapsed;
+pub mod destination;
 pub mod flamegraph;
 pub mod speedscope;
 

@@ -13,7 +13,8 @@
 use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
+    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, PyLayout, PyVersion, ThreadLayout,
+    UnicodeLayout,
 };
 use super::tables::{code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, STACK_CHUNK};
 
@@ -678,6 +679,7 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
     };
     Ok(PyLayout {
         version,
+        source: LayoutSource::DebugOffsets,
         free_threaded: false,
         kernel,
         code,

@@ -100,10 +100,32 @@ pub struct ThreadLayout {
     pub interp: u16,
 }
 
+/// Where a [`PyLayout`] came from: shown by `pyebpf check`, so that a wrong layout can be
+/// traced to its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayoutSource {
+    /// A table built into pyebpf from the CPython headers of that minor (`tables`).
+    BuiltinTable,
+    /// The target's own `_Py_DebugOffsets`, completed by a small per-minor table
+    /// (`debug_offsets`).
+    DebugOffsets,
+}
+
+impl std::fmt::Display for LayoutSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LayoutSource::BuiltinTable => "built-in table",
+            LayoutSource::DebugOffsets => "the target's _Py_DebugOffsets",
+        })
+    }
+}
+
 /// Everything pyebpf knows about one CPython build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PyLayout {
     pub version: PyVersion,
+    pub source: LayoutSource,
     /// Free-threaded (`Py_GIL_DISABLED`) build.
     pub free_threaded: bool,
     /// What the kernel walk needs (sent to the `LAYOUTS` map as is).

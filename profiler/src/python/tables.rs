@@ -11,7 +11,8 @@ use profiler_common::{
 };
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
+    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, PyLayout, PyVersion, ThreadLayout,
+    UnicodeLayout,
 };
 
 /// `_PyInterpreterFrame.owner` values (`enum _frameowner`) for 3.11: THREAD=0, GENERATOR=1,
@@ -74,6 +75,7 @@ fn layout_311(version: PyVersion) -> PyLayout {
     };
     PyLayout {
         version,
+        source: LayoutSource::BuiltinTable,
         free_threaded: false,
         kernel: PyOffsets {
             executable_mask: u64::MAX,
@@ -161,6 +163,7 @@ fn layout_312(version: PyVersion) -> PyLayout {
     };
     PyLayout {
         version,
+        source: LayoutSource::BuiltinTable,
         free_threaded: false,
         kernel: PyOffsets {
             executable_mask: u64::MAX,

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use tokio::io::unix::AsyncFd;
 
 use crate::cli::RecordArgs;
-use crate::output;
+use crate::output::{self, destination};
 use crate::session::{alive, Session};
 use crate::UsageError;
 
@@ -16,7 +16,7 @@ mod stacks;
 mod stats;
 
 use stacks::Aggregator;
-use stats::{write_stats, MapReport};
+use stats::{stats_json, MapReport};
 
 /// How long a launched command may take to become a recognizable interpreter.
 const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,30 +30,42 @@ enum Scope {
     Child,
 }
 
-pub fn run(args: RecordArgs) -> Result<i32> {
-    preflight(&args.pids)?;
+pub fn run(mut args: RecordArgs) -> Result<i32> {
+    crate::check::preflight(&args.pids)?;
+    // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
+    let output = args
+        .output
+        .take()
+        .unwrap_or_else(|| default_output(args.format));
+    destination::probe(&output, "the profile")?;
+    args.output = Some(output);
+    if let Some(path) = &args.stats_json {
+        destination::probe(path, "the stats")?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(record(args))
 }
 
-/// Checks shared by `record` and `top` before anything is loaded: privileges, then that every
-/// requested pid exists. Both are usage errors (exit code 2).
-pub fn preflight(pids: &[u32]) -> Result<()> {
-    crate::privileges::check()?;
-    for &pid in pids {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(UsageError(format!(
-                "no process with pid {pid}: check the pid with `ps -p {pid}`"
-            ))
-            .into());
-        }
-    }
-    Ok(())
+/// Why the recording loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// The duration passed, the targets exited, or the launched command ended.
+    Done,
+    /// Ctrl-C (SIGINT), which the terminal also delivered to a launched command.
+    Interrupted,
+    /// SIGTERM or SIGHUP: sent to pyebpf alone, so it is passed on to a launched command.
+    Signal(nix::sys::signal::Signal),
 }
 
 async fn record(args: RecordArgs) -> Result<i32> {
+    // Service managers stop with SIGTERM and a closed terminal sends SIGHUP: both end the
+    // recording like Ctrl-C, with the profile written. Installed first, so that one arriving
+    // while the sampler loads still ends the recording cleanly.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    let mut sighup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
     let scope = if !args.command.is_empty() {
         Scope::Child
     } else if !args.pids.is_empty() {
@@ -132,6 +144,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     let mut child_status: Option<i32> = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut stop = Stop::Done;
     loop {
         let sleep = async {
             match deadline {
@@ -226,7 +239,18 @@ async fn record(args: RecordArgs) -> Result<i32> {
                     last_progress = Instant::now();
                 }
             }
-            _ = &mut ctrl_c => break,
+            _ = &mut ctrl_c => {
+                stop = Stop::Interrupted;
+                break;
+            }
+            _ = sigterm.recv() => {
+                stop = Stop::Signal(nix::sys::signal::Signal::SIGTERM);
+                break;
+            }
+            _ = sighup.recv() => {
+                stop = Stop::Signal(nix::sys::signal::Signal::SIGHUP);
+                break;
+            }
             _ = sleep => break,
         }
     }
@@ -242,13 +266,26 @@ async fn record(args: RecordArgs) -> Result<i32> {
     }
     session.flush_bpf_logs();
     let elapsed = started.elapsed();
-    finish(&args, &session, aggregator, elapsed)?;
+    let mut saved = finish(&args, &session, aggregator, elapsed)?;
     if let Some(path) = &args.stats_json {
         maps.finish(&session);
-        write_stats(path, &session, elapsed, &maps)?;
+        let text = stats_json(&session, elapsed, &maps)?;
+        saved &= report_save(destination::save(
+            path,
+            text.as_bytes(),
+            "stats.json",
+            "the stats",
+        ))?;
     }
     if let Some(c) = child.as_mut() {
         if child_status.is_none() {
+            if let Stop::Signal(sig) = stop {
+                // The command did not get the signal that stopped us; pass it on, or we
+                // would wait for a program that was meant to stop too.
+                if let Some(pid) = c.id() {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+                }
+            }
             eprintln!(
                 "pyebpf: recording stopped; waiting for `{}` to exit",
                 args.command.join(" ")
@@ -256,7 +293,27 @@ async fn record(args: RecordArgs) -> Result<i32> {
             child_status = child_wait(c).await;
         }
     }
+    log::debug!("recording ended: {stop:?}");
+    if !saved {
+        // The data is safe in the fallback file, but not where it was asked for: scripts must
+        // notice.
+        return Ok(1);
+    }
     Ok(child_status.unwrap_or(0))
+}
+
+/// Prints where [`destination::save`] put a file; `Ok(false)` when it had to fall back.
+fn report_save(saved: Result<destination::Saved, destination::Lost>) -> Result<bool> {
+    match saved? {
+        destination::Saved::AtPath => Ok(true),
+        destination::Saved::Fallback { error, fallback } => {
+            eprintln!(
+                "pyebpf: error: writing the output failed ({error}); it was saved to {} instead",
+                fallback.display()
+            );
+            Ok(false)
+        }
+    }
 }
 
 /// Symbolizes and aggregates every sample queued in the ring buffer.
@@ -312,27 +369,20 @@ fn exit_code_of(status: std::process::ExitStatus) -> i32 {
 }
 
 fn default_output(format: output::Format) -> PathBuf {
-    let now = unsafe { libc::time(std::ptr::null_mut()) };
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    unsafe { libc::localtime_r(&now, &mut tm) };
     PathBuf::from(format!(
-        "pyebpf-{:04}{:02}{:02}-{:02}{:02}{:02}.{}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec,
+        "pyebpf-{}.{}",
+        destination::timestamp(),
         format.extension()
     ))
 }
 
+/// Prints the summary and writes the profile. `Ok(false)`: it went to a fallback file.
 fn finish(
     args: &RecordArgs,
     session: &Session,
     aggregator: Aggregator,
     elapsed: Duration,
-) -> Result<()> {
+) -> Result<bool> {
     let gil_dropped = aggregator.gil_dropped;
     let profile = aggregator.profile;
     let st = session.stats;
@@ -381,19 +431,20 @@ fn finish(
     }
     if profile.samples == 0 {
         eprintln!("pyebpf: {summary}; no Python samples collected, so no profile was written (was the target busy in Python?)");
-        return Ok(());
+        return Ok(true);
     }
     let path = args
         .output
         .clone()
         .unwrap_or_else(|| default_output(args.format));
     let title = format!("pyebpf record: {summary}");
-    let file =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    output::write(&profile, args.format, &title, &mut out)
-        .with_context(|| format!("writing {}", path.display()))?;
-    std::io::Write::flush(&mut out).with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("pyebpf: {summary}; wrote {}", path.display());
-    Ok(())
+    let mut bytes = Vec::new();
+    output::write(&profile, args.format, &title, &mut bytes).context("rendering the profile")?;
+    let saved = destination::save(&path, &bytes, args.format.extension(), "the profile");
+    if let Ok(destination::Saved::AtPath) = saved {
+        eprintln!("pyebpf: {summary}; wrote {}", path.display());
+        return Ok(true);
+    }
+    eprintln!("pyebpf: {summary}");
+    report_save(saved)
 }

@@ -87,12 +87,8 @@ impl MapReport {
     }
 }
 
-pub(super) fn write_stats(
-    path: &std::path::Path,
-    session: &Session,
-    elapsed: Duration,
-    maps: &MapReport,
-) -> Result<()> {
+/// The `--stats-json` document of a finished recording.
+pub(super) fn stats_json(session: &Session, elapsed: Duration, maps: &MapReport) -> Result<String> {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
@@ -116,6 +112,5 @@ pub(super) fn write_stats(
         idle: session.idle_stats(),
         maps: serde_json::to_value(maps)?,
     };
-    let text = serde_json::to_string_pretty(&report)?;
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    serde_json::to_string_pretty(&report).context("encoding the stats")
 }

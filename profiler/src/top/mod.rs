@@ -97,7 +97,7 @@ pub fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
 }
 
 pub fn run(args: TopArgs) -> Result<i32> {
-    crate::record::preflight(&args.pids)?;
+    crate::check::preflight(&args.pids)?;
     let interactive = std::io::stdout().is_terminal() && !args.once && args.iterations.is_none();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -257,6 +257,11 @@ impl Collector {
 }
 
 async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
+    // SIGTERM and SIGHUP end `top` like `q`: caught before the terminal is put in raw mode, so
+    // that the loop's exit (dropping `Live`) always restores it.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    let mut sighup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
     let mut collector = Collector::start(&args)?;
     let events = collector
         .session
@@ -288,9 +293,6 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
     let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut sigterm = signal(SignalKind::terminate()).context("handling SIGTERM")?;
-    let mut sighup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
     let mut printed = 0u64;
     loop {
         let key = async {

@@ -35,8 +35,7 @@ pub enum What {
         test: &'static str,
         interpreters: &'static str,
     },
-    /// `pyebpf ARGS`, passing when it exits 0. Not applicable when `pyebpf ARGS[0] --help`
-    /// fails, i.e. the binary has no such subcommand yet.
+    /// `pyebpf ARGS`, passing when it exits 0.
     Pyebpf { args: &'static [&'static str] },
 }
 
@@ -129,16 +128,13 @@ pub enum Outcome {
     Pass,
     Fail,
     Timeout,
-    /// Does not apply to this binary (see [`What::Pyebpf`]); not a failure.
-    NotApplicable,
 }
 
 impl Outcome {
-    const WORDS: [(Outcome, &'static str); 4] = [
+    const WORDS: [(Outcome, &'static str); 3] = [
         (Outcome::Pass, "pass"),
         (Outcome::Fail, "FAIL"),
         (Outcome::Timeout, "TIMEOUT"),
-        (Outcome::NotApplicable, "n/a"),
     ];
 
     pub fn word(self) -> &'static str {
@@ -298,12 +294,6 @@ fn run_row(row: &Row, args: &GuestArgs) -> Result<(Outcome, String)> {
             cmd
         }
         What::Pyebpf { args: pyebpf_args } => {
-            let sub = pyebpf_args.first().copied().unwrap_or_default();
-            let knows = util::probe(Command::new(&args.pyebpf).args([sub, "--help"]))
-                .is_some_and(|o| o.status.success());
-            if !knows {
-                return Ok((Outcome::NotApplicable, format!("(binary has no {sub})")));
-            }
             let mut cmd = Command::new(&args.pyebpf);
             cmd.args(*pyebpf_args);
             cmd
@@ -480,9 +470,9 @@ mod tests {
             Event::Start("exit-cleanup".into()),
             Event::End {
                 id: "check".into(),
-                outcome: Outcome::NotApplicable,
+                outcome: Outcome::Pass,
                 secs: 0.5,
-                note: "(binary has no check)".into(),
+                note: String::new(),
             },
             Event::End {
                 id: "chain-debian-3.11".into(),

@@ -553,7 +553,6 @@ fn summary(runs: &[KernelRun]) -> String {
         push(
             row.id,
             cell(&|r| match r.rows.iter().find(|(id, ..)| id == row.id) {
-                Some((_, Outcome::NotApplicable, _, note)) => format!("n/a {note}"),
                 Some((_, outcome, secs, _)) => format!("{} {secs:.1}s", outcome.word()),
                 None => "not run".into(),
             }),

@@ -1,0 +1,180 @@
+//! Facts about a process from `/proc/PID/*` that explain why it can or cannot be profiled: its
+//! state and kind (`stat`), its thread group (`status`), and the namespaces it lives in.
+//!
+//! A leaf module: it imports nothing of pyebpf, so `discovery`, `check` and the commands can all
+//! use it. Every reader returns `None`/`Err` instead of guessing when `/proc` says nothing.
+
+use std::os::unix::fs::MetadataExt;
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s `flags` (include/linux/sched.h): a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+/// The inode number of the initial pid namespace (`PROC_PID_INIT_INO`, include/linux/proc_ns.h):
+/// fixed by the kernel, so "am I in the host's pid namespace" needs no other process.
+const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
+
+/// The fields of `/proc/PID/stat` that say what kind of process this is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// `comm`, as the kernel keeps it (at most 15 bytes).
+    pub comm: String,
+    /// `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub state: char,
+    pub ppid: u32,
+    pub flags: u64,
+}
+
+impl ProcStat {
+    pub fn is_zombie(&self) -> bool {
+        self.state == 'Z' || self.state == 'X'
+    }
+
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
+}
+
+pub fn stat(pid: u32) -> std::io::Result<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&text).ok_or_else(|| std::io::Error::other(format!("malformed /proc/{pid}/stat")))
+}
+
+fn parse_stat(text: &str) -> Option<ProcStat> {
+    // `pid (comm) state ppid pgrp session tty_nr tpgid flags ...`; comm may hold spaces and
+    // parentheses, so it ends at the last `)`.
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_string();
+    let mut rest = text.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let flags = rest.nth(4)?.parse().ok()?;
+    Some(ProcStat {
+        comm,
+        state,
+        ppid,
+        flags,
+    })
+}
+
+/// The thread-group id (the process id) of task `tid`: differs from `tid` for a thread that
+/// is not its process's main thread.
+pub fn tgid(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A namespace's identity: the device and inode of its `/proc/PID/ns/KIND` file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// The `kind` namespace (`pid`, `mnt`, ...) of `pid`, or of this process with `None`.
+pub fn namespace(pid: Option<u32>, kind: &str) -> std::io::Result<Namespace> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/ns/{kind}"),
+        None => format!("/proc/self/ns/{kind}"),
+    };
+    let meta = std::fs::metadata(path)?;
+    Ok(Namespace {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+/// Whether `pid` lives in another `kind` namespace than this process; `None` when either
+/// cannot be read.
+pub fn other_namespace(pid: u32, kind: &str) -> Option<bool> {
+    Some(namespace(Some(pid), kind).ok()? != namespace(None, kind).ok()?)
+}
+
+/// True when this process runs in the host's pid namespace, so `/proc` shows every process.
+pub fn in_host_pid_namespace() -> bool {
+    namespace(None, "pid").is_ok_and(|ns| ns.ino == INIT_PID_NS_INO)
+}
+
+/// Pids (`NSpid:` of `/proc/PID/status`, host first, innermost last) of `pid`.
+pub fn nspids(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Vec::new();
+    };
+    parse_nspids(&status)
+}
+
+fn parse_nspids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|ids| {
+            ids.split_whitespace()
+                .filter_map(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Processes (as host pids) that are known as `pid` inside a pid namespace below ours: what a
+/// user who copied a pid from inside a container meant.
+pub fn namesakes(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&host| host != pid)
+        .filter(|&host| {
+            let ids = nspids(host);
+            ids.len() > 1 && ids[1..].contains(&pid)
+        })
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// Whether `err` means the process is gone (or never was), rather than hidden from us.
+pub fn is_absent(err: &std::io::Error) -> bool {
+    err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ESRCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines() {
+        let s = parse_stat("2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0").unwrap();
+        assert_eq!((s.comm.as_str(), s.state, s.ppid), ("kthreadd", 'S', 0));
+        assert!(s.is_kernel_thread());
+        assert!(!s.is_zombie());
+        let s = parse_stat("77 (a) b) (c) Z 12 77 77 0 -1 4194564 0 0").unwrap();
+        assert_eq!((s.comm.as_str(), s.state, s.ppid), ("a) b) (c", 'Z', 12));
+        assert!(s.is_zombie());
+        assert!(!s.is_kernel_thread());
+        assert_eq!(parse_stat("1 (x"), None);
+        assert_eq!(parse_stat("1 (x) S"), None);
+        assert_eq!(parse_stat(""), None);
+    }
+
+    #[test]
+    fn nspid_lines() {
+        assert_eq!(parse_nspids("Name:\tx\nNSpid:\t4242\t7\n"), vec![4242, 7]);
+        assert_eq!(parse_nspids("NSpid:\t9\n"), vec![9]);
+        assert!(parse_nspids("Name:\tx\n").is_empty());
+    }
+
+    #[test]
+    fn this_process() {
+        let me = std::process::id();
+        let s = stat(me).unwrap();
+        assert!(!s.is_zombie() && !s.is_kernel_thread());
+        assert_eq!(tgid(me), Some(me));
+        assert_eq!(other_namespace(me, "pid"), Some(false));
+        assert_eq!(other_namespace(me, "mnt"), Some(false));
+    }
+}
