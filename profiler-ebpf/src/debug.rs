@@ -31,6 +31,13 @@ pub fn enabled(what: u32) -> bool {
     DEBUG.load() & what != 0
 }
 
+/// The current process id, for log messages.
+#[cfg(feature = "log")]
+#[inline(always)]
+pub fn current_pid() -> u32 {
+    (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32
+}
+
 /// `log_if!(LOG_READS, "format {}", args...)`: an aya-log warning when `--debug-bpf` asked for
 /// that kind of message.
 #[cfg(feature = "log")]
@@ -42,9 +49,11 @@ macro_rules! log_if {
     };
 }
 
-/// Without the `log` feature: nothing at all.
+/// Without the `log` feature: nothing at all (naming the kind only keeps its import used).
 #[cfg(not(feature = "log"))]
 macro_rules! log_if {
-    ($what:expr, $($arg:tt)+) => {};
+    ($what:expr, $($arg:tt)+) => {
+        let _ = $what;
+    };
 }
 pub(crate) use log_if;

@@ -94,17 +94,11 @@ pub(crate) fn read_u64(addr: u64) -> Option<u64> {
         log_if!(
             LOG_READS,
             "pid {}: user read of 8 bytes at {:x} failed",
-            current_pid(),
+            crate::debug::current_pid(),
             addr
         );
     }
     value.ok()
-}
-
-/// The current process id, for log messages.
-#[inline(always)]
-pub(crate) fn current_pid() -> u32 {
-    (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
 #[perf_event]
@@ -428,7 +422,7 @@ fn thread_fields(tstate: u64, layout: &PyOffsets) -> Option<ThreadFields> {
         log_if!(
             LOG_LAYOUT,
             "pid {}: thread-state fields span {} bytes, more than one read of {}",
-            current_pid(),
+            crate::debug::current_pid(),
             len,
             TSTATE_WORDS * 8
         );
@@ -442,7 +436,7 @@ fn thread_fields(tstate: u64, layout: &PyOffsets) -> Option<ThreadFields> {
         log_if!(
             LOG_READS,
             "pid {}: thread state read at {:x} failed",
-            current_pid(),
+            crate::debug::current_pid(),
             src
         );
         return None;

@@ -18,7 +18,7 @@ use profiler_common::{stat, PyOffsets, FRAME_HEADER_BYTES};
 
 use crate::bounds;
 use crate::debug::{log_if, LOG_LIMITS, LOG_READS};
-use crate::sampler::{bump, current_pid, read_u64};
+use crate::sampler::{bump, read_u64};
 
 /// 32 KiB, the largest per-CPU map value: two default-size (16 KiB) chunks' worth of frames.
 const WINDOW_WORDS: usize = 4096;
@@ -126,7 +126,7 @@ pub(crate) fn frame_words(frame: u64, layout: &PyOffsets) -> Option<FrameWords> 
         log_if!(
             LOG_READS,
             "pid {}: frame header read at {:x} failed",
-            current_pid(),
+            crate::debug::current_pid(),
             frame
         );
         return None;
@@ -178,7 +178,7 @@ fn slide(win: &mut StackWindow, frame: u64, layout: &PyOffsets) {
         log_if!(
             LOG_LIMITS,
             "pid {}: {} stack windows read; the rest frame by frame",
-            current_pid(),
+            crate::debug::current_pid(),
             MAX_STACK_WINDOWS
         );
         win.chunk = 0;
@@ -213,7 +213,7 @@ fn slide(win: &mut StackWindow, frame: u64, layout: &PyOffsets) {
         log_if!(
             LOG_READS,
             "pid {}: stack window read of {} bytes at {:x} failed",
-            current_pid(),
+            crate::debug::current_pid(),
             len,
             lo
         );

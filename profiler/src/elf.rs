@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{anyhow, Context, Result};
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::elf::{FileHeader64, PT_LOAD, SHT_DYNSYM, SHT_SYMTAB};
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _, Sym as _};
+use object::{Endianness, ReadCache, ReadRef as _};
 
 /// Facts about one ELF file that contains a CPython runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,35 +24,55 @@ pub struct PythonElf {
 
 /// Parses `path` (a path the profiler can open, e.g. under `/proc/PID/root`).
 /// `Ok(None)`: a valid ELF file without a CPython runtime.
+///
+/// Only what is needed is read: the headers, `.dynsym` and one word. A libpython with debug
+/// info is tens of MB, mostly `.symtab` and DWARF, and a container's file may sit on a slow
+/// or remote filesystem (`cargo xtask vm-test`'s 9p share took 40 s to read one whole under
+/// emulation). `.symtab` is read only when `.dynsym` lacks a symbol.
 pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
-    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let file =
-        object::File::parse(&*data).with_context(|| format!("parsing ELF {}", path.display()))?;
-    let runtime_vaddr = match file.section_by_name(".PyRuntime") {
-        Some(section) => Some(section.address()),
-        None => find_symbol(&file, "_PyRuntime").map(|(addr, _)| addr),
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let data = ReadCache::new(file);
+    let data = &data;
+    let what = || format!("parsing ELF {}", path.display());
+    let header = FileHeader64::<Endianness>::parse(data).with_context(what)?;
+    let endian = header.endian().with_context(what)?;
+    let sections = header.sections(endian, data).with_context(what)?;
+    let segments = header.program_headers(endian, data).with_context(what)?;
+    let symbol = |name: &[u8]| -> Option<u64> {
+        [SHT_DYNSYM, SHT_SYMTAB].into_iter().find_map(|kind| {
+            let table = sections.symbols(endian, data, kind).ok()?;
+            table
+                .iter()
+                .find(|s| s.st_value(endian) != 0 && s.name(endian, table.strings()) == Ok(name))
+                .map(|s| s.st_value(endian))
+        })
+    };
+    let runtime_vaddr = match sections.section_by_name(endian, b".PyRuntime") {
+        Some((_, section)) => Some(section.sh_addr(endian)),
+        None => symbol(b"_PyRuntime"),
     };
     let Some(runtime_vaddr) = runtime_vaddr else {
         return Ok(None);
     };
-    let runtime_file_offset = file
-        .segments()
-        .find_map(|seg| {
-            let (offset, size) = seg.file_range();
-            let start = seg.address();
-            let inside = runtime_vaddr.checked_sub(start).filter(|&at| at < size)?;
-            offset.checked_add(inside)
-        })
-        .ok_or_else(|| {
-            anyhow!(
-                "{}: _PyRuntime at {runtime_vaddr:#x} is in no loadable segment",
-                path.display()
-            )
-        })?;
-    let version_hex = find_symbol(&file, "Py_Version").and_then(|(addr, _)| {
-        let bytes = file
-            .sections()
-            .find_map(|s| s.data_range(addr, 4).ok().flatten())?;
+    let file_offset = |vaddr: u64| {
+        segments
+            .iter()
+            .filter(|seg| seg.p_type(endian) == PT_LOAD)
+            .find_map(|seg| {
+                let inside = vaddr
+                    .checked_sub(seg.p_vaddr(endian))
+                    .filter(|&at| at < seg.p_filesz(endian))?;
+                seg.p_offset(endian).checked_add(inside)
+            })
+    };
+    let runtime_file_offset = file_offset(runtime_vaddr).ok_or_else(|| {
+        anyhow!(
+            "{}: _PyRuntime at {runtime_vaddr:#x} is in no loadable segment",
+            path.display()
+        )
+    })?;
+    let version_hex = symbol(b"Py_Version").and_then(|addr| {
+        let bytes = data.read_bytes_at(file_offset(addr)?, 4).ok()?;
         Some(u32::from_le_bytes(bytes.try_into().ok()?) as u64)
     });
     Ok(Some(PythonElf {
@@ -58,13 +80,6 @@ pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
         runtime_file_offset,
         version_hex,
     }))
-}
-
-fn find_symbol(file: &object::File, name: &str) -> Option<(u64, u64)> {
-    file.dynamic_symbols()
-        .chain(file.symbols())
-        .find(|s| s.name() == Ok(name) && s.address() != 0)
-        .map(|s| (s.address(), s.size()))
 }
 
 /// (device, inode, size, mtime) of a file: a parse stays valid while these do.

@@ -16,13 +16,13 @@ pub struct ExitOffsets {
     pub signal_live: u32,
 }
 
-const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 impl ExitOffsets {
-    pub fn from_sys_fs() -> Result<ExitOffsets> {
-        // Read, not mapped: older kernels (6.1 here) refuse to map this sysfs file.
-        let bytes = std::fs::read(VMLINUX).with_context(|| format!("reading {VMLINUX}"))?;
-        let btf = Btf::from_bytes(&bytes).with_context(|| format!("parsing {VMLINUX}"))?;
+    /// From the BTF blob at [`VMLINUX`], as read (not mapped: older kernels, 6.1 here,
+    /// refuse to map that sysfs file).
+    pub fn from_bytes(vmlinux: &[u8]) -> Result<ExitOffsets> {
+        let btf = Btf::from_bytes(vmlinux).with_context(|| format!("parsing {VMLINUX}"))?;
         Self::from_btf(&btf)
     }
 
@@ -88,14 +88,15 @@ mod tests {
     /// The running kernel's own BTF (every kernel pyebpf runs on has one).
     #[test]
     fn exit_offsets_from_the_running_kernel() {
-        let offsets = ExitOffsets::from_sys_fs().expect("offsets from /sys/kernel/btf/vmlinux");
+        let vmlinux = std::fs::read(VMLINUX).unwrap();
+        let offsets = ExitOffsets::from_bytes(&vmlinux).expect("offsets from the kernel's BTF");
         assert!(offsets.task_signal > 0 && offsets.task_signal < 16384);
         assert!(offsets.signal_live < 4096);
     }
 
     #[test]
     fn missing_fields_are_errors() {
-        let btf = Btf::from_file(VMLINUX).unwrap();
+        let btf = Btf::from_bytes(&std::fs::read(VMLINUX).unwrap()).unwrap();
         let err = member_offset(&btf, "task_struct", "no_such_field").unwrap_err();
         assert!(err.to_string().contains("no field no_such_field"), "{err}");
         assert!(member_offset(&btf, "no_such_struct_anywhere", "x").is_err());
@@ -105,7 +106,7 @@ mod tests {
     /// since 4.x; its offset must still come out (0 here, as the union is first).
     #[test]
     fn fields_in_anonymous_members() {
-        let btf = Btf::from_file(VMLINUX).unwrap();
+        let btf = Btf::from_bytes(&std::fs::read(VMLINUX).unwrap()).unwrap();
         assert_eq!(member_offset(&btf, "sk_buff", "next").unwrap(), 0);
         let sk = member_offset(&btf, "sk_buff", "sk").unwrap();
         assert!(sk > 0, "sk_buff.sk at {sk}");

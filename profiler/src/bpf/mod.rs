@@ -97,13 +97,17 @@ impl Sampler {
 
     /// [`Sampler::start`], with BPF-side diagnostics logged through aya-log.
     pub fn start_with(rate_hz: u64, debug: DebugBpf) -> Result<Sampler> {
-        let btf = Btf::from_sys_fs().map_err(|e| {
+        // Read once, parsed twice: by aya (for the BTF tracepoints) and by `kernel_btf`.
+        let vmlinux = std::fs::read(kernel_btf::VMLINUX).map_err(|e| {
             anyhow::anyhow!(
-                "reading the kernel's BTF (/sys/kernel/btf/vmlinux): {e}; pyebpf needs a kernel \
-                 built with CONFIG_DEBUG_INFO_BTF=y (Linux 6.1 or newer)"
+                "reading the kernel's BTF ({}): {e}; pyebpf needs a kernel built with \
+                 CONFIG_DEBUG_INFO_BTF=y (Linux 6.1 or newer)",
+                kernel_btf::VMLINUX
             )
         })?;
-        let offsets = kernel_btf::ExitOffsets::from_sys_fs()?;
+        let btf = Btf::parse(&vmlinux, aya::Endianness::default())
+            .map_err(|e| anyhow::anyhow!("parsing {}: {e}", kernel_btf::VMLINUX))?;
+        let offsets = kernel_btf::ExitOffsets::from_bytes(&vmlinux)?;
         let mut loader = EbpfLoader::new();
         loader
             .btf(Some(&btf))

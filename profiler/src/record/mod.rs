@@ -176,14 +176,14 @@ async fn record(args: RecordArgs) -> Result<i32> {
             }
             guard = proc_events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
+                // Readiness is cleared before draining, not after: the kernel wakes the reader
+                // only when the buffer was empty, so an event queued between the last read and
+                // a later clear would wait for the next one (seconds, for a quiet host).
+                guard.clear_ready();
                 // Samples first: an exiting process's last samples are already queued.
                 let ring = events.get_mut();
                 drain_samples(ring, &mut session, &mut aggregator);
-                let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    session.handle_proc_event(&item, system_wide);
-                }
-                guard.clear_ready();
+                drain_proc_events(guard.get_inner_mut(), &mut session, system_wide);
                 if !session.poll_execs(&mut warn).is_empty() {
                     aggregator.note_processes(&session);
                 }
@@ -195,13 +195,18 @@ async fn record(args: RecordArgs) -> Result<i32> {
             }
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for samples")?;
+                guard.clear_ready();
                 let ring = guard.get_inner_mut();
                 drain_samples(ring, &mut session, &mut aggregator);
-                guard.clear_ready();
             }
             _ = tick.tick() => {
                 let ring = events.get_mut();
                 drain_samples(ring, &mut session, &mut aggregator);
+                // Whatever the lifecycle buffer holds, in case a wake-up was missed.
+                drain_proc_events(proc_events.get_mut(), &mut session, system_wide);
+                if !session.poll_execs(&mut warn).is_empty() {
+                    aggregator.note_processes(&session);
+                }
                 session.reap();
                 if last_scan.elapsed() >= RESCAN_INTERVAL {
                     if matches!(scope, Scope::Host) {
@@ -260,10 +265,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     // Whatever the kernel already queued belongs to this recording.
     let ring = events.get_mut();
     drain_samples(ring, &mut session, &mut aggregator);
-    let ring = proc_events.get_mut();
-    while let Some(item) = ring.next() {
-        session.handle_proc_event(&item, false);
-    }
+    drain_proc_events(proc_events.get_mut(), &mut session, false);
     session.flush_bpf_logs();
     let elapsed = started.elapsed();
     let mut saved = finish(&args, &session, aggregator, elapsed)?;
@@ -324,6 +326,17 @@ fn drain_samples(
 ) {
     while let Some(item) = ring.next() {
         session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
+    }
+}
+
+/// Hands every queued exec/exit notification to the session.
+fn drain_proc_events(
+    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+    session: &mut Session,
+    system_wide: bool,
+) {
+    while let Some(item) = ring.next() {
+        session.handle_proc_event(&item, system_wide);
     }
 }
 

@@ -304,8 +304,8 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         tokio::select! {
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for samples")?;
-                collector.drain(guard.get_inner_mut());
                 guard.clear_ready();
+                collector.drain(guard.get_inner_mut());
             }
             _ = housekeeping.tick() => {
                 // The kernel wakes us only when its buffer fills: drain on this tick too, and
