@@ -118,7 +118,7 @@ pub struct RecordArgs {
     /// Log the BPF programs' own diagnostics, as warnings on stderr (through aya-log): frames
     /// whose owner the layout doesn't know, failed reads of target memory with their
     /// addresses, limits hit, layouts that don't validate. `--debug-bpf=reads,limits` picks
-    /// kinds. Off, it costs nothing: the kernel removes the log code when it loads the programs.
+    /// kinds. Without the flag the BPF programs loaded carry no log code at all.
     #[arg(long, value_enum, value_delimiter = ',', num_args = 0.., require_equals = true, value_name = "KINDS")]
     pub debug_bpf: Option<Vec<BpfDiagnostic>>,
     /// Program to launch and profile; pyebpf exits with its exit code.
@@ -153,7 +153,7 @@ pub struct TopArgs {
     /// Log the BPF programs' own diagnostics, as warnings on stderr (through aya-log): frames
     /// whose owner the layout doesn't know, failed reads of target memory with their
     /// addresses, limits hit, layouts that don't validate. `--debug-bpf=reads,limits` picks
-    /// kinds. Off, it costs nothing: the kernel removes the log code when it loads the programs.
+    /// kinds. Without the flag the BPF programs loaded carry no log code at all.
     #[arg(long, value_enum, value_delimiter = ',', num_args = 0.., require_equals = true, value_name = "KINDS")]
     pub debug_bpf: Option<Vec<BpfDiagnostic>>,
 }
