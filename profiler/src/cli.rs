@@ -115,12 +115,8 @@ pub struct RecordArgs {
     /// costs) as JSON to this file, for scripts and benchmarks.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
-    /// Log the BPF programs' own diagnostics, as warnings on stderr (through aya-log): frames
-    /// whose owner the layout doesn't know, failed reads of target memory with their
-    /// addresses, limits hit, layouts that don't validate. `--debug-bpf=reads,limits` picks
-    /// kinds. Without the flag the BPF programs loaded carry no log code at all.
-    #[arg(long, value_enum, value_delimiter = ',', num_args = 0.., require_equals = true, value_name = "KINDS")]
-    pub debug_bpf: Option<Vec<BpfDiagnostic>>,
+    #[command(flatten)]
+    pub debug: DebugArgs,
     /// Program to launch and profile; pyebpf exits with its exit code.
     #[arg(last = true, value_name = "COMMAND", conflicts_with = "pids")]
     pub command: Vec<String>,
@@ -150,12 +146,26 @@ pub struct TopArgs {
     /// Column to sort by (keys 1-6 change it in the live view).
     #[arg(long, value_enum, default_value_t = TopSort::Own)]
     pub sort: TopSort,
+    #[command(flatten)]
+    pub debug: DebugArgs,
+}
+
+/// `--debug-bpf`, shared by the commands that load the BPF programs.
+#[derive(Args, Debug, Default)]
+pub struct DebugArgs {
     /// Log the BPF programs' own diagnostics, as warnings on stderr (through aya-log): frames
     /// whose owner the layout doesn't know, failed reads of target memory with their
     /// addresses, limits hit, layouts that don't validate. `--debug-bpf=reads,limits` picks
     /// kinds. Without the flag the BPF programs loaded carry no log code at all.
     #[arg(long, value_enum, value_delimiter = ',', num_args = 0.., require_equals = true, value_name = "KINDS")]
     pub debug_bpf: Option<Vec<BpfDiagnostic>>,
+}
+
+impl DebugArgs {
+    /// The kinds asked for, as the kernel's bits: every kind when none is named.
+    pub fn bits(&self) -> crate::bpf::DebugBpf {
+        debug_bpf(&self.debug_bpf)
+    }
 }
 
 /// Kinds of BPF-side diagnostics (`--debug-bpf`).
@@ -171,8 +181,7 @@ pub enum BpfDiagnostic {
     Layout,
 }
 
-/// `--debug-bpf[=KINDS]` as the kernel's bits: every kind when none is named.
-pub fn debug_bpf(kinds: &Option<Vec<BpfDiagnostic>>) -> crate::bpf::DebugBpf {
+fn debug_bpf(kinds: &Option<Vec<BpfDiagnostic>>) -> crate::bpf::DebugBpf {
     use crate::bpf::DebugBpf;
     match kinds {
         None => DebugBpf::OFF,

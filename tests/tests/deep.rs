@@ -289,3 +289,38 @@ fn replaced_code_objects_never_show_the_old_name() {
         );
     }
 }
+
+/// `--debug-bpf=limits` makes the BPF sampler say, through aya-log, that it stopped recording
+/// a 300-frame stack at its frame limit (and completion still finishes those stacks); without
+/// the flag the default programs, which carry no log code, say nothing.
+#[test]
+fn debug_bpf_reports_the_frame_limit() {
+    let interps = interpreters_logged();
+    let interp = interps.first().expect("no supported interpreter found");
+    let workload = Workload::start(interp, "deep.py", &["300"]);
+    let pid = workload.pid().to_string();
+    let with = record(&["-p", &pid, "-d", "2", "--debug-bpf=limits"]);
+    let without = record(&["-p", &pid, "-d", "1"]);
+    drop(workload);
+    assert!(with.status.success(), "{}", with.stderr);
+    let says = format!("pid {pid} tid {pid}: stack deeper than the 128 frames recorded");
+    let messages = with.stderr.lines().filter(|l| l.contains(&says)).count();
+    eprintln!(
+        "{}: {messages} limit messages, {} samples",
+        interp.label,
+        with.total()
+    );
+    assert!(
+        messages >= 20 && with.total() >= 20,
+        "{}: {messages} `{says}` lines for {} samples: {}",
+        interp.label,
+        with.total(),
+        with.stderr
+    );
+    assert!(without.status.success(), "{}", without.stderr);
+    assert!(
+        !without.stderr.contains("stack deeper than"),
+        "logged without --debug-bpf: {}",
+        without.stderr
+    );
+}

@@ -78,7 +78,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         Scope::Pids(pids) => pids.len() > 1,
         Scope::Child => false,
     };
-    let mut session = Session::start(args.rate, crate::cli::debug_bpf(&args.debug_bpf))?;
+    let mut session = Session::start(args.rate, args.debug.bits())?;
     if args.gil {
         session.want_gil();
     }

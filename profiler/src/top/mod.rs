@@ -175,7 +175,7 @@ struct Collector {
 
 impl Collector {
     fn start(args: &TopArgs) -> Result<Collector> {
-        let mut session = Session::start(args.rate, crate::cli::debug_bpf(&args.debug_bpf))?;
+        let mut session = Session::start(args.rate, args.debug.bits())?;
         let host = args.pids.is_empty();
         let mut warnings = Vec::new();
         if host {
