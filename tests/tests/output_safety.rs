@@ -164,12 +164,17 @@ fn signal_ends_recording(signal: &str) {
         "no summary: {stderr}"
     );
     let text = read_and_remove(&out);
-    let leaf: u64 = parse_collapsed(&text)
+    let leaf = leaf_samples(&text);
+    assert!(leaf >= 20, "SIG{signal}: {leaf} samples in leaf(): {text}");
+}
+
+/// Samples with `leaf()` on their stack in collapsed `text`.
+fn leaf_samples(text: &str) -> u64 {
+    parse_collapsed(text)
         .iter()
         .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf (")))
         .map(|(_, c)| c)
-        .sum();
-    assert!(leaf >= 20, "SIG{signal}: {leaf} samples in leaf(): {text}");
+        .sum()
 }
 
 /// The pid in pyebpf's "profiling pid N (...)" line.
@@ -244,10 +249,6 @@ fn sigterm_in_command_mode_stops_the_command_too() {
     }
     assert_eq!(status.code(), Some(128 + 15), "{stderr}");
     let text = read_and_remove(&out);
-    let leaf: u64 = parse_collapsed(&text)
-        .iter()
-        .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf (")))
-        .map(|(_, c)| c)
-        .sum();
+    let leaf = leaf_samples(&text);
     assert!(leaf >= 20, "{leaf} samples in leaf(): {text}");
 }

@@ -248,27 +248,24 @@ impl Sampler {
         self.layout_ids.len()
     }
 
+    /// What the kernel reports about the loaded sampler program.
+    fn program_info(&self) -> Option<aya::programs::ProgramInfo> {
+        let program = self.ebpf.program("sample")?;
+        <&PerfEvent>::try_from(program).ok()?.info().ok()
+    }
+
     /// Time the kernel spent in the sampler program and how often it ran; zero unless
     /// `kernel.bpf_stats_enabled` is set.
     pub fn program_runtime(&self) -> (u64, u64) {
-        let info = self
-            .ebpf
-            .program("sample")
-            .and_then(|p| <&PerfEvent>::try_from(p).ok())
-            .and_then(|p| p.info().ok());
-        info.map(|i| (i.run_time().as_nanos() as u64, i.run_count()))
+        self.program_info()
+            .map(|i| (i.run_time().as_nanos() as u64, i.run_count()))
             .unwrap_or((0, 0))
     }
 
-    /// Bytes of the sampler program as the kernel runs it: after the verifier (which drops
-    /// the `--debug-bpf` log code when it is off) and after the JIT.
+    /// Bytes of the sampler program as the kernel runs it: after the verifier, and JITed.
     pub fn program_size(&self) -> (u32, u32) {
-        let info = self
-            .ebpf
-            .program("sample")
-            .and_then(|p| <&PerfEvent>::try_from(p).ok())
-            .and_then(|p| p.info().ok());
-        info.map(|i| (i.size_translated().unwrap_or(0), i.size_jitted()))
+        self.program_info()
+            .map(|i| (i.size_translated().unwrap_or(0), i.size_jitted()))
             .unwrap_or((0, 0))
     }
 
