@@ -13,6 +13,7 @@ pub mod check;
 pub mod cli;
 pub mod complete;
 pub mod discovery;
+pub mod driver;
 pub mod elf;
 pub mod idle;
 pub mod lifecycle;

@@ -21,11 +21,6 @@ use crate::lifecycle::{Attempt, Lifecycle, LifecycleStats, ProcChange};
 use crate::python::code::CodeInfo;
 use crate::symbolize::Symbolizer;
 
-/// How often `record` drains the sample ring buffer. The kernel wakes userspace only when the
-/// buffer fills up, for a young process's samples and for samples running code new to the
-/// sampler (what must be read before it may be freed); everything else can wait, and every
-/// wake-up costs a context switch, which at low rates is most of what recording costs.
-pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 /// Processes younger than this get eager samples when registered.
 const YOUNG_PROCESS: std::time::Duration = std::time::Duration::from_secs(2);
 /// How often watched processes are checked against `/proc` (see `Session::reap`).
@@ -164,7 +159,7 @@ impl Session {
 
     /// One idle pass over every watched process: drain the sample ring buffer first, so the
     /// threads the kernel saw on a CPU are known.
-    pub fn idle_pass(&mut self, sink: &mut dyn FnMut(&Resolved, &str)) {
+    pub fn idle_pass(&mut self, sink: &mut dyn FnMut(&Resolved, &PythonProcess)) {
         let Some(mut idle) = self.idle.take() else {
             return;
         };
@@ -203,7 +198,7 @@ impl Session {
                     idle: true,
                     weight: stack.weight,
                 };
-                sink(&resolved, &proc.command);
+                sink(&resolved, proc);
             }
         }
         idle.end();
@@ -334,7 +329,11 @@ impl Session {
     }
 
     /// Decodes and symbolizes one ring-buffer record, handing it to `sink`.
-    pub fn process_record(&mut self, bytes: &[u8], sink: &mut dyn FnMut(&Resolved, &str)) {
+    pub fn process_record(
+        &mut self,
+        bytes: &[u8],
+        sink: &mut dyn FnMut(&Resolved, &PythonProcess),
+    ) {
         let header_len = size_of::<SampleHeader>();
         let Some(head) = bytes.get(..header_len) else {
             self.stats.malformed_records += 1;
@@ -397,7 +396,7 @@ impl Session {
         self.stats.holds_gil += resolved.holds_gil as u64;
         self.stats.truncated += resolved.truncated as u64;
         self.stats.partial += resolved.partial as u64;
-        sink(&resolved, &proc.command);
+        sink(&resolved, proc);
     }
 }
 

@@ -5,30 +5,18 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use tokio::io::unix::AsyncFd;
 
 use crate::cli::RecordArgs;
+use crate::discovery::PythonProcess;
+use crate::driver::{self, Flow, Options, Scope, Sink, Stop};
 use crate::output::{self, destination};
-use crate::session::{alive, Session};
-use crate::UsageError;
+use crate::session::{Resolved, Session};
 
 mod stacks;
 mod stats;
 
 use stacks::Aggregator;
 use stats::{stats_json, MapReport};
-
-/// How long a launched command may take to become a recognizable interpreter.
-const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
-/// System-wide recordings look for new interpreters this often.
-const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
-
-/// What is being profiled.
-enum Scope {
-    Host,
-    Pids(Vec<u32>),
-    Child,
-}
 
 pub fn run(mut args: RecordArgs) -> Result<i32> {
     crate::check::preflight(&args.pids)?;
@@ -48,26 +36,51 @@ pub fn run(mut args: RecordArgs) -> Result<i32> {
     runtime.block_on(record(args))
 }
 
-/// Why the recording loop ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stop {
-    /// The duration passed, the targets exited, or the launched command ended.
-    Done,
-    /// Ctrl-C (SIGINT), which the terminal also delivered to a launched command.
-    Interrupted,
-    /// SIGTERM or SIGHUP: sent to pyebpf alone, so it is passed on to a launched command.
-    Signal(nix::sys::signal::Signal),
+/// `record`'s sink: samples into the aggregator; once a second, the progress line and the map
+/// sizes `--stats-json` reports.
+struct Recorder {
+    aggregator: Aggregator,
+    maps: Option<MapReport>,
+    progress: bool,
+    started: Instant,
+}
+
+impl Sink for Recorder {
+    type Input = std::convert::Infallible;
+
+    fn sample(&mut self, sample: &Resolved, process: &PythonProcess) {
+        self.aggregator.add(sample, &process.command);
+    }
+
+    fn processes(&mut self, session: &Session, _added: &[u32], _gone: &[u32]) {
+        self.aggregator.note_processes(session);
+    }
+
+    fn period(&self) -> Option<Duration> {
+        (self.progress || self.maps.is_some()).then_some(Duration::from_secs(1))
+    }
+
+    fn on_period(&mut self, session: &Session) -> Result<Flow> {
+        if let Some(maps) = self.maps.as_mut() {
+            maps.observe(session);
+        }
+        if self.progress {
+            let st = session.stats;
+            eprint!(
+                "\rpyebpf: {:.0}s, {} samples from {} processes ({} truncated) - Ctrl-C to stop ",
+                self.started.elapsed().as_secs_f64(),
+                st.samples,
+                session.watched().count(),
+                st.truncated
+            );
+        }
+        Ok(Flow::Continue)
+    }
 }
 
 async fn record(args: RecordArgs) -> Result<i32> {
-    // Service managers stop with SIGTERM and a closed terminal sends SIGHUP: both end the
-    // recording like Ctrl-C, with the profile written. Installed first, so that one arriving
-    // while the sampler loads still ends the recording cleanly.
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut sigterm = signal(SignalKind::terminate()).context("handling SIGTERM")?;
-    let mut sighup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
     let scope = if !args.command.is_empty() {
-        Scope::Child
+        Scope::Command(args.command.clone())
     } else if !args.pids.is_empty() {
         Scope::Pids(args.pids.clone())
     } else {
@@ -76,202 +89,43 @@ async fn record(args: RecordArgs) -> Result<i32> {
     let multi = match &scope {
         Scope::Host => true,
         Scope::Pids(pids) => pids.len() > 1,
-        Scope::Child => false,
+        Scope::Command(_) => false,
     };
-    let mut session = Session::start(args.rate, args.debug.bits())?;
-    if args.gil {
-        session.want_gil();
-    }
-    if args.idle {
-        session.enable_idle(args.rate);
-    }
-    let mut warn = |e: &crate::discovery::DiscoveryError| log::warn!("{e}");
-    match &scope {
-        Scope::Pids(pids) => {
-            for &pid in pids {
-                session.add(pid)?;
-            }
-        }
-        Scope::Host => {
-            session.scan(&mut warn);
-        }
-        Scope::Child => {}
-    }
-    let mut child = match &scope {
-        Scope::Child => Some(spawn(&args.command)?),
-        _ => None,
+    let options = Options {
+        scope,
+        rate_hz: args.rate,
+        debug: args.debug.bits(),
+        gil: args.gil,
+        idle: args.idle,
+        duration: args.duration.map(Duration::from_secs_f64),
+        end_with_targets: true,
     };
-    if let Some(child) = child.as_mut() {
-        let pid = child.id().context("launched command has no pid")?;
-        if let Err(e) = await_interpreter(&mut session, pid).await {
-            eprintln!("pyebpf: error: {e:#}");
-            let status = child_wait(child).await;
-            return Ok(status.unwrap_or(2).max(2));
-        }
-    }
-
+    let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(multi, args.threads);
     aggregator.gil_only = args.gil;
-    aggregator.note_processes(&session);
-    let events = session.take_events().context("ring buffer already taken")?;
-    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged while it lives.
-    let mut events = unsafe { AsyncFd::register(events) }
-        .map_err(std::io::Error::from)
-        .context("polling the ring buffer")?;
-    let proc_events = session
-        .take_proc_events()
-        .context("lifecycle ring buffer already taken")?;
-    // SAFETY: as above.
-    let mut proc_events = unsafe { AsyncFd::register(proc_events) }
-        .map_err(std::io::Error::from)
-        .context("polling the lifecycle ring buffer")?;
-    let system_wide = matches!(scope, Scope::Host);
-    let mut maps = MapReport::start(&session);
-    let started = Instant::now();
-    let deadline = args.duration.map(|d| started + Duration::from_secs_f64(d));
-    // One timer for draining and housekeeping: every wake-up costs a context switch, which at
-    // low sampling rates is most of what recording costs.
-    let mut tick = tokio::time::interval(crate::session::DRAIN_INTERVAL);
-    // Idle passes (`--idle`); without it the branch never fires.
-    let mut idle_tick = session.idle_period().map(|period| {
-        let mut t = tokio::time::interval(period);
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t
-    });
-    let mut last_scan = Instant::now();
-    let progress = std::io::stderr().is_terminal();
-    let mut last_progress = Instant::now();
-    let mut child_status: Option<i32> = None;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut stop = Stop::Done;
-    loop {
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        let exec_due = session.next_exec_due();
-        let exec_due = async {
-            match exec_due {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        let idle_due = async {
-            match idle_tick.as_mut() {
-                Some(t) => {
-                    t.tick().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = idle_due => {
-                // Samples first: the threads the kernel saw on a CPU are not idle.
-                let ring = events.get_mut();
-                drain_samples(ring, &mut session, &mut aggregator);
-                session.idle_pass(&mut |s, cmd| aggregator.add(s, cmd));
-            }
-            guard = proc_events.readable_mut() => {
-                let mut guard = guard.context("waiting for process events")?;
-                // Readiness is cleared before draining, not after: the kernel wakes the reader
-                // only when the buffer was empty, so an event queued between the last read and
-                // a later clear would wait for the next one (seconds, for a quiet host).
-                guard.clear_ready();
-                // Samples first: an exiting process's last samples are already queued.
-                let ring = events.get_mut();
-                drain_samples(ring, &mut session, &mut aggregator);
-                drain_proc_events(guard.get_inner_mut(), &mut session, system_wide);
-                if !session.poll_execs(&mut warn).is_empty() {
-                    aggregator.note_processes(&session);
-                }
-            }
-            _ = exec_due => {
-                if !session.poll_execs(&mut warn).is_empty() {
-                    aggregator.note_processes(&session);
-                }
-            }
-            guard = events.readable_mut() => {
-                let mut guard = guard.context("waiting for samples")?;
-                guard.clear_ready();
-                let ring = guard.get_inner_mut();
-                drain_samples(ring, &mut session, &mut aggregator);
-            }
-            _ = tick.tick() => {
-                let ring = events.get_mut();
-                drain_samples(ring, &mut session, &mut aggregator);
-                // Whatever the lifecycle buffer holds, in case a wake-up was missed.
-                drain_proc_events(proc_events.get_mut(), &mut session, system_wide);
-                if !session.poll_execs(&mut warn).is_empty() {
-                    aggregator.note_processes(&session);
-                }
-                session.reap();
-                if last_scan.elapsed() >= RESCAN_INTERVAL {
-                    if matches!(scope, Scope::Host) {
-                        session.scan(&mut warn);
-                        aggregator.note_processes(&session);
-                    }
-                    if args.stats_json.is_some() {
-                        maps.observe(&session);
-                    }
-                    last_scan = Instant::now();
-                }
-                if let Some(c) = child.as_mut() {
-                    if let Ok(Some(status)) = c.try_wait() {
-                        child_status = Some(exit_code_of(status));
-                        break;
-                    }
-                }
-                if let Scope::Pids(pids) = &scope {
-                    // Exit events empty the watch list; /proc has the last word (an exec'd
-                    // target is briefly unwatched until its new image is inspected).
-                    if session.watched().next().is_none() && pids.iter().all(|&p| !alive(p)) {
-                        log::info!("every target exited");
-                        break;
-                    }
-                }
-                if progress && last_progress.elapsed() >= Duration::from_secs(1) {
-                    let st = session.stats;
-                    eprint!(
-                        "\rpyebpf: {:.0}s, {} samples from {} processes ({} truncated) - Ctrl-C to stop ",
-                        started.elapsed().as_secs_f64(),
-                        st.samples,
-                        session.watched().count(),
-                        st.truncated
-                    );
-                    last_progress = Instant::now();
-                }
-            }
-            _ = &mut ctrl_c => {
-                stop = Stop::Interrupted;
-                break;
-            }
-            _ = sigterm.recv() => {
-                stop = Stop::Signal(nix::sys::signal::Signal::SIGTERM);
-                break;
-            }
-            _ = sighup.recv() => {
-                stop = Stop::Signal(nix::sys::signal::Signal::SIGHUP);
-                break;
-            }
-            _ = sleep => break,
-        }
+    let mut recorder = Recorder {
+        aggregator,
+        maps: args
+            .stats_json
+            .is_some()
+            .then(|| MapReport::start(&session)),
+        progress: std::io::stderr().is_terminal(),
+        started: Instant::now(),
+    };
+    let mut ended = driver::run(&options, &mut session, &mut recorder).await?;
+    if let Stop::CommandNotProfiled(code) = ended.stop {
+        return Ok(code);
     }
-    if progress {
+    if recorder.progress {
         eprintln!();
     }
-    // Whatever the kernel already queued belongs to this recording.
-    let ring = events.get_mut();
-    drain_samples(ring, &mut session, &mut aggregator);
-    drain_proc_events(proc_events.get_mut(), &mut session, false);
-    session.flush_bpf_logs();
-    let elapsed = started.elapsed();
-    let mut saved = finish(&args, &session, aggregator, elapsed)?;
-    if let Some(path) = &args.stats_json {
+    let Recorder {
+        aggregator, maps, ..
+    } = recorder;
+    let mut saved = finish(&args, &session, aggregator, ended.elapsed)?;
+    if let (Some(path), Some(mut maps)) = (&args.stats_json, maps) {
         maps.finish(&session);
-        let text = stats_json(&session, elapsed, &maps)?;
+        let text = stats_json(&session, ended.elapsed, &maps)?;
         saved &= report_save(destination::save(
             path,
             text.as_bytes(),
@@ -279,29 +133,13 @@ async fn record(args: RecordArgs) -> Result<i32> {
             "the stats",
         ))?;
     }
-    if let Some(c) = child.as_mut() {
-        if child_status.is_none() {
-            if let Stop::Signal(sig) = stop {
-                // The command did not get the signal that stopped us; pass it on, or we
-                // would wait for a program that was meant to stop too.
-                if let Some(pid) = c.id() {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-                }
-            }
-            eprintln!(
-                "pyebpf: recording stopped; waiting for `{}` to exit",
-                args.command.join(" ")
-            );
-            child_status = child_wait(c).await;
-        }
-    }
-    log::debug!("recording ended: {stop:?}");
+    let command_status = ended.wait_command(&args.command.join(" ")).await;
     if !saved {
         // The data is safe in the fallback file, but not where it was asked for: scripts must
         // notice.
         return Ok(1);
     }
-    Ok(child_status.unwrap_or(0))
+    Ok(command_status.unwrap_or(0))
 }
 
 /// Prints where [`destination::save`] put a file; `Ok(false)` when it had to fall back.
@@ -316,69 +154,6 @@ fn report_save(saved: Result<destination::Saved, destination::Lost>) -> Result<b
             Ok(false)
         }
     }
-}
-
-/// Symbolizes and aggregates every sample queued in the ring buffer.
-fn drain_samples(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-    session: &mut Session,
-    aggregator: &mut Aggregator,
-) {
-    while let Some(item) = ring.next() {
-        session.process_record(&item, &mut |s, cmd| aggregator.add(s, cmd));
-    }
-}
-
-/// Hands every queued exec/exit notification to the session.
-fn drain_proc_events(
-    ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-    session: &mut Session,
-    system_wide: bool,
-) {
-    while let Some(item) = ring.next() {
-        session.handle_proc_event(&item, system_wide);
-    }
-}
-
-fn spawn(command: &[String]) -> Result<tokio::process::Child> {
-    let (program, args) = command.split_first().context("empty command")?;
-    tokio::process::Command::new(program)
-        .args(args)
-        .spawn()
-        .map_err(|e| UsageError(format!("cannot run `{program}`: {e}")).into())
-}
-
-/// Waits until the launched process has exec'd an interpreter and registers it.
-async fn await_interpreter(session: &mut Session, pid: u32) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        match session.add(pid) {
-            Ok(_) => return Ok(()),
-            Err(e) => {
-                // Before exec the child is still a copy of pyebpf: not Python yet.
-                let still_us = std::fs::read_link(format!("/proc/{pid}/exe")).ok()
-                    == std::env::current_exe().ok();
-                if !alive(pid) || (!still_us && started.elapsed() > CHILD_DISCOVERY_TIMEOUT) {
-                    return Err(e.into());
-                }
-                if !still_us && !e.is_benign() {
-                    return Err(e.into());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-async fn child_wait(child: &mut tokio::process::Child) -> Option<i32> {
-    child.wait().await.ok().map(exit_code_of)
-}
-
-fn exit_code_of(status: std::process::ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
 fn default_output(format: output::Format) -> PathBuf {

@@ -18,17 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use tokio::io::unix::AsyncFd;
 
 use crate::cli::TopArgs;
+use crate::discovery::{DiscoveryError, PythonProcess};
+use crate::driver::{self, Flow, Options, Scope, Sink};
 use crate::python::code::CodeInfo;
 use crate::session::{alive, Resolved, Session};
 use table::{Counted, Granularity, Location, Row, Table, ViewOptions};
-
-/// Exited processes are dropped and new work is picked up this often.
-const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(200);
-/// System-wide, the host is searched for new interpreters this often.
-const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Everything one refresh shows.
 #[derive(Clone, Debug, Default)]
@@ -155,83 +151,34 @@ impl Counter {
     }
 }
 
-/// The sampling side: a session and the table its samples go to.
-struct Collector {
-    session: Session,
+/// `top`'s sink: samples into the table; every `--delay`, a snapshot to the screen or stdout.
+struct Viewer {
     counter: Counter,
+    output: Output,
     /// System-wide (no `-p`).
     host: bool,
     pids: Vec<u32>,
     rate_hz: u64,
     started: Instant,
     window_started: Instant,
-    last_scan: Instant,
     last_samples: u64,
     last_events: u64,
     last_drops: u64,
-    /// Discovery warnings not yet shown.
-    warnings: Vec<String>,
+    delay: Duration,
+    printed: u64,
 }
 
-impl Collector {
-    fn start(args: &TopArgs) -> Result<Collector> {
-        let mut session = Session::start(args.rate, args.debug.bits())?;
-        let host = args.pids.is_empty();
-        let mut warnings = Vec::new();
-        if host {
-            session.scan(&mut |e| warnings.push(e.to_string()));
-        } else {
-            for &pid in &args.pids {
-                session.add(pid)?;
-            }
-        }
-        let now = Instant::now();
-        let kernel = session.kernel_stats();
-        Ok(Collector {
-            last_samples: session.stats.samples,
-            last_events: kernel.events,
-            last_drops: kernel.ringbuf_drops,
-            session,
-            counter: Counter::default(),
-            host,
-            pids: args.pids.clone(),
-            rate_hz: args.rate,
-            started: now,
-            window_started: now,
-            last_scan: now,
-            warnings,
-        })
-    }
-
-    fn drain(&mut self, ring: &mut aya::maps::RingBuf<aya::maps::MapData>) {
-        while let Some(item) = ring.next() {
-            self.session
-                .process_record(&item, &mut |s, cmd| self.counter.add(s, cmd));
-        }
-    }
-
-    /// Drops exited processes; system-wide, picks up new interpreters.
-    fn housekeeping(&mut self) {
-        for pid in self.session.reap() {
-            self.counter.table.forget(pid);
-        }
-        if self.host && self.last_scan.elapsed() >= RESCAN_INTERVAL {
-            let warnings = &mut self.warnings;
-            self.session.scan(&mut |e| warnings.push(e.to_string()));
-            self.last_scan = Instant::now();
-        }
-    }
-
+impl Viewer {
     /// With `-p`: every target has exited.
     fn all_exited(&self) -> bool {
         !self.host && self.pids.iter().all(|&p| !alive(p))
     }
 
     /// Ends the current interval.
-    fn snapshot(&mut self) -> Snapshot {
+    fn snapshot(&mut self, session: &Session) -> Snapshot {
         let now = Instant::now();
-        let kernel = self.session.kernel_stats();
-        let samples = self.session.stats.samples;
+        let kernel = session.kernel_stats();
+        let samples = session.stats.samples;
         let events = kernel.events.saturating_sub(self.last_events);
         let python_share = (events > 0)
             .then(|| (samples.saturating_sub(self.last_samples) as f64 / events as f64).min(1.0));
@@ -240,7 +187,7 @@ impl Collector {
             interval: now - self.window_started,
             elapsed: now - self.started,
             rate_hz: self.rate_hz,
-            processes: self.session.watched().count(),
+            processes: session.watched().count(),
             python_share,
             dropped_window: kernel.ringbuf_drops.saturating_sub(self.last_drops),
             dropped_total: kernel.ringbuf_drops,
@@ -256,21 +203,92 @@ impl Collector {
     }
 }
 
+impl Sink for Viewer {
+    type Input = crossterm::event::Event;
+
+    fn sample(&mut self, sample: &Resolved, process: &PythonProcess) {
+        self.counter.add(sample, &process.command);
+    }
+
+    fn processes(&mut self, _session: &Session, _added: &[u32], gone: &[u32]) {
+        for &pid in gone {
+            self.counter.table.forget(pid);
+        }
+    }
+
+    fn warn(&mut self, problem: &DiscoveryError) {
+        match &mut self.output {
+            Output::Live(live) => live.warn(problem.to_string()),
+            Output::Text { .. } => log::warn!("{problem}"),
+        }
+    }
+
+    fn period(&self) -> Option<Duration> {
+        Some(self.delay)
+    }
+
+    fn on_period(&mut self, session: &Session) -> Result<Flow> {
+        let snap = self.snapshot(session);
+        match &mut self.output {
+            Output::Live(live) => live.update(snap)?,
+            Output::Text { opts, limit } => {
+                let mut out = std::io::stdout().lock();
+                let written = out
+                    .write_all(text::snapshot(&snap, opts).as_bytes())
+                    .and_then(|_| out.flush());
+                match written {
+                    Ok(()) => {}
+                    // The reader went away (`| head`): nothing more to do.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(Flow::Stop),
+                    Err(e) => return Err(e).context("writing to stdout"),
+                }
+                self.printed += 1;
+                if limit.is_some_and(|n| self.printed >= n) {
+                    return Ok(Flow::Stop);
+                }
+                if let Some(note) = &snap.note {
+                    eprintln!("pyebpf: {note}");
+                    return Ok(Flow::Stop);
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn input(&mut self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Self::Input>> {
+        match &mut self.output {
+            Output::Live(live) => Some(live.take_keys()),
+            Output::Text { .. } => None,
+        }
+    }
+
+    fn on_input(&mut self, event: Self::Input) -> Result<Flow> {
+        if let Output::Live(live) = &mut self.output {
+            if live.handle(event)? == render::Action::Quit {
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
 async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
-    // SIGTERM and SIGHUP end `top` like `q`: caught before the terminal is put in raw mode, so
-    // that the loop's exit (dropping `Live`) always restores it.
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut sigterm = signal(SignalKind::terminate()).context("handling SIGTERM")?;
-    let mut sighup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
-    let mut collector = Collector::start(&args)?;
-    let events = collector
-        .session
-        .take_events()
-        .context("ring buffer already taken")?;
-    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged while it lives.
-    let mut events = unsafe { AsyncFd::register(events) }
-        .map_err(std::io::Error::from)
-        .context("polling the ring buffer")?;
+    let scope = if args.pids.is_empty() {
+        Scope::Host
+    } else {
+        Scope::Pids(args.pids.clone())
+    };
+    let options = Options {
+        scope,
+        rate_hz: args.rate,
+        debug: args.debug.bits(),
+        gil: false,
+        idle: false,
+        duration: None,
+        // The table keeps showing what the targets did; the text mode ends on its own.
+        end_with_targets: false,
+    };
+    let mut session = driver::start(&options)?;
     let granularity = if args.lines {
         Granularity::Line
     } else {
@@ -278,86 +296,31 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
     };
     let opts = ViewOptions::new(granularity, args.sort.into());
     let delay = Duration::from_secs_f64(args.delay);
-    let mut output = if interactive {
+    // The terminal goes into raw mode after the programs loaded (their errors print plainly);
+    // the driver catches SIGTERM and SIGHUP, so dropping `Live` always restores it.
+    let output = if interactive {
         Output::Live(Box::new(render::Live::start(opts, delay, args.rate)?))
     } else {
-        for w in collector.warnings.drain(..) {
-            log::warn!("{w}");
-        }
         let limit = if args.once { Some(1) } else { args.iterations };
         Output::Text { opts, limit }
     };
-
-    let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + delay, delay);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut housekeeping = tokio::time::interval(HOUSEKEEPING_INTERVAL);
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut printed = 0u64;
-    loop {
-        let key = async {
-            match &mut output {
-                Output::Live(live) => live.next_event().await,
-                Output::Text { .. } => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            guard = events.readable_mut() => {
-                let mut guard = guard.context("waiting for samples")?;
-                guard.clear_ready();
-                collector.drain(guard.get_inner_mut());
-            }
-            _ = housekeeping.tick() => {
-                // The kernel wakes us only when its buffer fills: drain on this tick too, and
-                // before exited processes are forgotten.
-                collector.drain(events.get_mut());
-                collector.housekeeping();
-                if let Output::Live(live) = &mut output {
-                    for w in collector.warnings.drain(..) {
-                        live.warn(w);
-                    }
-                }
-            }
-            _ = refresh.tick() => {
-                collector.drain(events.get_mut());
-                let snap = collector.snapshot();
-                match &mut output {
-                    Output::Live(live) => live.update(snap)?,
-                    Output::Text { opts, limit } => {
-                        let mut out = std::io::stdout().lock();
-                        let written = out
-                            .write_all(text::snapshot(&snap, opts).as_bytes())
-                            .and_then(|_| out.flush());
-                        match written {
-                            Ok(()) => {}
-                            // The reader went away (`| head`): nothing more to do.
-                            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
-                            Err(e) => return Err(e).context("writing to stdout"),
-                        }
-                        printed += 1;
-                        if limit.is_some_and(|n| printed >= n) {
-                            break;
-                        }
-                        if let Some(note) = &snap.note {
-                            eprintln!("pyebpf: {note}");
-                            break;
-                        }
-                    }
-                }
-            }
-            event = key => {
-                if let Output::Live(live) = &mut output {
-                    if live.handle(event)? == render::Action::Quit {
-                        break;
-                    }
-                }
-            }
-            _ = &mut ctrl_c => break,
-            _ = sigterm.recv() => break,
-            _ = sighup.recv() => break,
-        }
-    }
-    drop(output);
+    let now = Instant::now();
+    let kernel = session.kernel_stats();
+    let mut viewer = Viewer {
+        counter: Counter::default(),
+        output,
+        host: args.pids.is_empty(),
+        pids: args.pids.clone(),
+        rate_hz: args.rate,
+        started: now,
+        window_started: now,
+        last_samples: session.stats.samples,
+        last_events: kernel.events,
+        last_drops: kernel.ringbuf_drops,
+        delay,
+        printed: 0,
+    };
+    driver::run(&options, &mut session, &mut viewer).await?;
     Ok(0)
 }
 

@@ -397,12 +397,10 @@ impl Live {
         Ok(live)
     }
 
-    /// The next terminal event (never returns if input is gone).
-    pub async fn next_event(&mut self) -> Event {
-        match self.keys.recv().await {
-            Some(event) => event,
-            None => std::future::pending().await,
-        }
+    /// The terminal's events, for the driver to wait on (taken once).
+    pub fn take_keys(&mut self) -> mpsc::UnboundedReceiver<Event> {
+        let (_, none) = mpsc::unbounded_channel();
+        std::mem::replace(&mut self.keys, none)
     }
 
     pub fn handle(&mut self, event: Event) -> Result<Action> {
