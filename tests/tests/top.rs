@@ -39,6 +39,93 @@ fn has_row(screen: &str, pid: u32, function: &str) -> bool {
         .any(|r| r.contains(&pid) && r.contains(&function))
 }
 
+/// `pyebpf top ARGS` in text mode, its snapshots (separated by blank lines) read as they come.
+struct Snapshots {
+    top: std::process::Child,
+    rx: mpsc::Receiver<String>,
+}
+
+impl Snapshots {
+    fn start(args: &[&str]) -> Snapshots {
+        let mut top = Command::new(pyebpf_bin())
+            .arg("top")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = top.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            let mut snapshot = String::new();
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.is_empty() {
+                    if tx.send(std::mem::take(&mut snapshot)).is_err() {
+                        break;
+                    }
+                } else {
+                    snapshot.push_str(&line);
+                    snapshot.push('\n');
+                }
+            }
+        });
+        Snapshots { top, rx }
+    }
+
+    fn next(&mut self, what: &str) -> String {
+        self.rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("no snapshot while waiting for {what}"))
+    }
+}
+
+impl Drop for Snapshots {
+    fn drop(&mut self) {
+        let _ = self.top.kill();
+        let _ = self.top.wait();
+    }
+}
+
+/// `top -p PID` follows an interpreter that re-execs (`os.execv`, same pid) into another
+/// Python program: the kernel drops the old image's entry at exec, and `top` must register the
+/// new one from the exec event.
+#[test]
+fn follows_a_process_through_exec() {
+    let _serial = serial();
+    let interp = first_interpreter();
+    let workload = Workload::start(&interp, "reexec.py", &["1.5"]);
+    let pid = workload.pid();
+    let mut snapshots = Snapshots::start(&["-p", &pid.to_string(), "-n", "20", "--delay", "0.5"]);
+    let started = Instant::now();
+    loop {
+        let snap = snapshots.next("before_exec");
+        if has_row(&snap, pid, "before_exec") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "before_exec not shown:\n{snap}"
+        );
+    }
+    loop {
+        let snap = snapshots.next("after_exec");
+        if has_row(&snap, pid, "after_exec") {
+            eprintln!(
+                "after_exec shown {:?} after start:\n{snap}",
+                started.elapsed()
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "pid {pid} not followed through its exec after {:?}:\n{snap}",
+            started.elapsed()
+        );
+    }
+    drop(workload);
+}
+
 /// Every interpreter at once, one text snapshot: each process's hot function is its top row,
 /// with the right file:line, and the process is named.
 #[test]
@@ -129,32 +216,8 @@ fn text_snapshot_shows_hot_function_and_process() {
 fn text_mode_follows_processes_starting_and_exiting() {
     let _serial = serial();
     let interp = first_interpreter();
-    let mut top = Command::new(pyebpf_bin())
-        .args(["top", "-n", "12", "--delay", "0.5"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = top.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        let mut snapshot = String::new();
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if line.is_empty() {
-                if tx.send(std::mem::take(&mut snapshot)).is_err() {
-                    break;
-                }
-            } else {
-                snapshot.push_str(&line);
-                snapshot.push('\n');
-            }
-        }
-    });
-    let next = |what: &str| {
-        rx.recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| panic!("no snapshot while waiting for {what}"))
-    };
+    let mut snapshots = Snapshots::start(&["-n", "12", "--delay", "0.5"]);
+    let mut next = |what: &str| snapshots.next(what);
     next("the first snapshot");
     let workload = Workload::start(&interp, "chain.py", &[]);
     let pid = workload.pid();
@@ -185,8 +248,8 @@ fn text_mode_follows_processes_starting_and_exiting() {
             exited.elapsed()
         );
     }
-    let _ = top.kill();
-    let _ = top.wait();
+    drop(next);
+    drop(snapshots);
 }
 
 #[test]
