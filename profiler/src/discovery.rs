@@ -515,10 +515,7 @@ pub fn mentions_python(maps: &[Mapping]) -> bool {
 
 /// Cheap pre-filter for system-wide scans: does anything mapped look like Python?
 pub fn looks_like_python(pid: u32) -> bool {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return false;
-    };
-    maps.lines().any(|l| basename(l).contains("python"))
+    crate::procfs::maps_python(pid).unwrap_or(false)
 }
 
 #[cfg(test)]

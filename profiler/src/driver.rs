@@ -22,7 +22,8 @@ use tokio::io::unix::AsyncFd;
 
 use crate::bpf::DebugBpf;
 use crate::discovery::{DiscoveryError, PythonProcess};
-use crate::session::{alive, Resolved, Session};
+use crate::procfs::alive;
+use crate::session::{Resolved, Session};
 use crate::UsageError;
 
 /// How often the driver drains the sample ring buffer and does its housekeeping. The kernel

@@ -28,6 +28,8 @@ use crate::complete::{tag_frames, StackCopy};
 use crate::discovery::PythonProcess;
 use crate::memory::{Fields, ProcessMemory};
 use crate::python::layout::PyLayout;
+use crate::registry::Registry;
+use crate::resolve::{Resolved, Resolver};
 
 /// Stack walks per pass, all processes together; further idle threads wait for a later pass.
 pub const MAX_WALKS_PER_PASS: usize = 128;
@@ -121,6 +123,27 @@ impl IdleSampler {
     /// Time between passes: one sampling period, but no shorter than [`MIN_PERIOD`].
     pub fn period(&self) -> Duration {
         Duration::from_secs_f64(1.0 / self.rate_hz as f64).max(MIN_PERIOD)
+    }
+
+    /// One pass over every watched process: each idle thread's stack, resolved, to `sink`.
+    /// The caller drains the sample ring buffer first, so the threads the kernel saw on a CPU
+    /// are known.
+    pub fn pass(
+        &mut self,
+        registry: &Registry,
+        resolver: &mut Resolver,
+        sink: &mut dyn FnMut(&Resolved, &PythonProcess),
+    ) {
+        let periods = self.begin(Instant::now());
+        let mut budget = MAX_WALKS_PER_PASS;
+        for proc in registry.watched() {
+            for stack in self.sample_process(proc, periods, &mut budget) {
+                if let Some(resolved) = resolver.idle(&stack, proc) {
+                    sink(&resolved, proc);
+                }
+            }
+        }
+        self.end();
     }
 
     /// Notes a kernel sample of `tstate`: the thread was on a CPU for one period.

@@ -13,6 +13,20 @@ use std::time::{Duration, Instant};
 
 use profiler_common::{ProcEvent, PROC_EVENT_EXEC, PROC_EVENT_EXIT};
 
+use crate::discovery::DiscoveryError;
+use crate::procfs;
+
+/// What exec handling needs from the session: the watch list and the way onto it.
+pub trait Registrar {
+    fn is_watched(&self, pid: u32) -> bool;
+    /// Inspects `pid` and starts sampling it.
+    fn register(&mut self, pid: u32) -> Result<(), DiscoveryError>;
+    /// Stops sampling `pid` (its image is gone); its caches go after its queued samples.
+    fn unregister(&mut self, pid: u32);
+    /// True the first time `pid` is reported as unprofilable.
+    fn first_warning(&mut self, pid: u32) -> bool;
+}
+
 /// When an exec'd process is inspected, in milliseconds after its exec event arrived. The
 /// last tries are for loaded or emulated machines, where the loader can take seconds to map
 /// `libpython`.
@@ -76,6 +90,99 @@ pub struct Lifecycle {
 }
 
 impl Lifecycle {
+    /// Handles one `PROC_EVENTS` record. With `system_wide`, every exec'd process is queued
+    /// for inspection; otherwise only a watched process that exec'd again is re-inspected.
+    /// The caller drains the sample ring buffer first, so an exiting process's last samples
+    /// are still attributed.
+    pub fn on_event(&mut self, bytes: &[u8], system_wide: bool, registrar: &mut dyn Registrar) {
+        match self.decode(bytes) {
+            Some(ProcChange::Exec(pid)) => {
+                let watched = registrar.is_watched(pid);
+                if watched {
+                    // A new image: the old runtime address and code objects are meaningless.
+                    registrar.unregister(pid);
+                }
+                if watched || system_wide {
+                    self.expect(pid, Instant::now());
+                }
+            }
+            Some(ProcChange::Exit(pid)) => {
+                self.cancel(pid);
+                if registrar.is_watched(pid) {
+                    registrar.unregister(pid);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Inspects the exec'd processes whose attempt is due. Returns the pids added.
+    /// Unsupported interpreters are reported once each through `warn`; processes that vanish
+    /// or cannot be parsed are logged at debug level and counted, never fatal.
+    pub fn poll(
+        &mut self,
+        registrar: &mut dyn Registrar,
+        warn: &mut dyn FnMut(&DiscoveryError),
+    ) -> Vec<u32> {
+        let mut added = Vec::new();
+        for pid in self.due(Instant::now()) {
+            let outcome = self.attempt(pid, registrar, warn);
+            if outcome == Attempt::Added {
+                added.push(pid);
+            }
+            self.settle(pid, outcome);
+        }
+        added
+    }
+
+    fn attempt(
+        &mut self,
+        pid: u32,
+        registrar: &mut dyn Registrar,
+        warn: &mut dyn FnMut(&DiscoveryError),
+    ) -> Attempt {
+        if registrar.is_watched(pid) {
+            return Attempt::Failed;
+        }
+        match procfs::maps_python(pid) {
+            Err(_) => {
+                log::debug!("pid {pid} exited before it could be inspected");
+                return Attempt::Gone;
+            }
+            Ok(false) => return Attempt::NotYet,
+            Ok(true) => {}
+        }
+        let last = self.last_attempt(pid);
+        match registrar.register(pid) {
+            Ok(()) => Attempt::Added,
+            Err(e) if e.is_gone() => {
+                log::debug!("pid {pid} exited before it could be inspected");
+                Attempt::Gone
+            }
+            Err(DiscoveryError::NotPython { .. }) => Attempt::NotYet,
+            Err(e @ DiscoveryError::Unsupported { .. }) => {
+                if registrar.first_warning(pid) {
+                    warn(&e);
+                }
+                Attempt::Failed
+            }
+            // The loader may still be mapping libpython: retry, and give up on the last try.
+            Err(e) if !last && procfs::alive(pid) => {
+                log::trace!("pid {pid}: {e:#}; retrying");
+                Attempt::NotYet
+            }
+            Err(e) => {
+                if !procfs::alive(pid) {
+                    log::debug!("pid {pid} exited while being inspected");
+                    return Attempt::Gone;
+                }
+                log::debug!("{e:#}");
+                self.stats.discovery_errors += 1;
+                Attempt::Failed
+            }
+        }
+    }
+
     /// Decodes a `PROC_EVENTS` record.
     pub fn decode(&mut self, bytes: &[u8]) -> Option<ProcChange> {
         let Some(head) = bytes.get(..size_of::<ProcEvent>()) else {

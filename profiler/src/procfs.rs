@@ -142,6 +142,53 @@ pub fn is_absent(err: &std::io::Error) -> bool {
     err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ESRCH)
 }
 
+/// A process that still runs (exists and is not a zombie). Called for every watched process
+/// once a second, so one small read: the state follows the pid and the command name (at most
+/// 16 bytes), so 256 bytes always reach it.
+pub fn alive(pid: u32) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 256];
+    let Ok(n) = std::fs::File::open(format!("/proc/{pid}/stat")).and_then(|mut f| f.read(&mut buf))
+    else {
+        return false;
+    };
+    let stat = &buf[..n];
+    stat.iter()
+        .rposition(|&b| b == b')')
+        .and_then(|at| stat[at + 1..].iter().find(|b| !b.is_ascii_whitespace()))
+        .is_some_and(|&state| state != b'Z' && state != b'X')
+}
+
+/// How long `pid` has been running (from its start time in `/proc/PID/stat`).
+pub fn age(pid: u32) -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name; `starttime` is field 22 of the whole line.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let start_ticks: f64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks <= 0 {
+        return None;
+    }
+    let age = uptime - start_ticks / ticks as f64;
+    Some(std::time::Duration::from_secs_f64(age.max(0.0)))
+}
+
+/// Whether a file whose name contains `python` is mapped into `pid` (an executable or a
+/// `libpython`): the cheap test before a full inspection. `Err` when the maps can't be read
+/// (the process is gone, or may not be read).
+pub fn maps_python(pid: u32) -> std::io::Result<bool> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(maps
+        .lines()
+        .any(|l| l.rsplit('/').next().is_some_and(|b| b.contains("python"))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

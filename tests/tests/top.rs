@@ -217,13 +217,12 @@ fn text_mode_follows_processes_starting_and_exiting() {
     let _serial = serial();
     let interp = first_interpreter();
     let mut snapshots = Snapshots::start(&["-n", "12", "--delay", "0.5"]);
-    let mut next = |what: &str| snapshots.next(what);
-    next("the first snapshot");
+    snapshots.next("the first snapshot");
     let workload = Workload::start(&interp, "chain.py", &[]);
     let pid = workload.pid();
     let started = Instant::now();
     loop {
-        let snap = next("the new process");
+        let snap = snapshots.next("the new process");
         if has_row(&snap, pid, "leaf") {
             eprintln!("appeared after {:?}:\n{snap}", started.elapsed());
             break;
@@ -237,7 +236,7 @@ fn text_mode_follows_processes_starting_and_exiting() {
     drop(workload);
     let exited = Instant::now();
     loop {
-        let snap = next("the process to go");
+        let snap = snapshots.next("the process to go");
         if !snap.contains(&format!(" {pid} ")) {
             eprintln!("gone after {:?}", exited.elapsed());
             break;
@@ -248,7 +247,6 @@ fn text_mode_follows_processes_starting_and_exiting() {
             exited.elapsed()
         );
     }
-    drop(next);
     drop(snapshots);
 }
 

@@ -65,7 +65,7 @@ impl Sink for Recorder {
             maps.observe(session);
         }
         if self.progress {
-            let st = session.stats;
+            let st = session.stats();
             eprint!(
                 "\rpyebpf: {:.0}s, {} samples from {} processes ({} truncated) - Ctrl-C to stop ",
                 self.started.elapsed().as_secs_f64(),
@@ -173,9 +173,9 @@ fn finish(
 ) -> Result<bool> {
     let gil_dropped = aggregator.gil_dropped;
     let profile = aggregator.profile;
-    let st = session.stats;
+    let st = session.stats();
     let kernel = session.kernel_stats();
-    let processes = session.seen.values().filter(|c| !c.is_empty()).count();
+    let processes = session.profiled() as usize;
     let truncated_pct = if st.samples > 0 {
         100.0 * st.truncated as f64 / st.samples as f64
     } else {

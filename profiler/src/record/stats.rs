@@ -96,8 +96,8 @@ pub(super) fn stats_json(session: &Session, elapsed: Duration, maps: &MapReport)
     let (bpf_xlated_bytes, bpf_jited_bytes) = session.program_size();
     let report = StatsReport {
         duration_s: elapsed.as_secs_f64(),
-        processes: session.seen.values().filter(|c| !c.is_empty()).count(),
-        session: session.stats,
+        processes: session.profiled() as usize,
+        session: session.stats(),
         kernel: session.kernel_stats(),
         symbols: session.symbol_stats(),
         completion: session.completion_stats(),

@@ -22,8 +22,9 @@ use anyhow::{Context, Result};
 use crate::cli::TopArgs;
 use crate::discovery::{DiscoveryError, PythonProcess};
 use crate::driver::{self, Flow, Options, Scope, Sink};
+use crate::procfs::alive;
 use crate::python::code::CodeInfo;
-use crate::session::{alive, Resolved, Session};
+use crate::session::{Resolved, Session};
 use table::{Counted, Granularity, Location, Row, Table, ViewOptions};
 
 /// Everything one refresh shows.
@@ -178,7 +179,7 @@ impl Viewer {
     fn snapshot(&mut self, session: &Session) -> Snapshot {
         let now = Instant::now();
         let kernel = session.kernel_stats();
-        let samples = session.stats.samples;
+        let samples = session.stats().samples;
         let events = kernel.events.saturating_sub(self.last_events);
         let python_share = (events > 0)
             .then(|| (samples.saturating_sub(self.last_samples) as f64 / events as f64).min(1.0));
@@ -314,7 +315,7 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         rate_hz: args.rate,
         started: now,
         window_started: now,
-        last_samples: session.stats.samples,
+        last_samples: session.stats().samples,
         last_events: kernel.events,
         last_drops: kernel.ringbuf_drops,
         delay,
