@@ -269,7 +269,9 @@ pub mod stat {
     pub const WINDOWS: u32 = 15;
     /// Samples with a code object new to the sampler, which woke userspace at once.
     pub const NEW_CODE: u32 = 16;
-    pub const COUNT: u32 = 17;
+    /// perf events left out by random subsampling (`SUBSAMPLE` > 1), before anything else.
+    pub const SUBSAMPLED: u32 = 17;
+    pub const COUNT: u32 = 18;
 }
 
 #[cfg(feature = "user")]

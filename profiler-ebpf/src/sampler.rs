@@ -6,12 +6,14 @@ use crate::window::{self, frame_words};
 use aya_ebpf::{
     bindings::bpf_pidns_info,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_user,
         generated::{bpf_get_ns_current_pid_tgid, bpf_loop, bpf_probe_read_user as read_user_raw},
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
+    Global,
 };
 use profiler_common::{
     fold_frame, fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader,
@@ -20,6 +22,14 @@ use profiler_common::{
     MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_NEW_CODE,
     SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
 };
+
+/// Keep one perf event in `SUBSAMPLE`, chosen at random (1, the default: keep all). The perf
+/// events then run `SUBSAMPLE` times faster than the sampling rate asked for, and the kept
+/// samples are a Bernoulli draw from them: the time between samples is random (geometric),
+/// so work that repeats at a fixed period cannot line up with the sampling clock (aliasing),
+/// and counts per process become Poisson-like. Set by userspace at load time.
+#[unsafe(no_mangle)]
+static SUBSAMPLE: Global<u32> = Global::new(1);
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
 const RINGBUF_BYTES: u32 = 8 << 20;
@@ -104,6 +114,11 @@ pub(crate) fn read_u64(addr: u64) -> Option<u64> {
 #[perf_event]
 pub fn sample(_ctx: PerfEventContext) -> u32 {
     bump(stat::EVENTS);
+    let keep_one_in = SUBSAMPLE.load();
+    if keep_one_in > 1 && unsafe { bpf_get_prandom_u32() } % keep_one_in != 0 {
+        bump(stat::SUBSAMPLED);
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;

@@ -62,6 +62,11 @@ pub struct Options {
     pub duration: Option<Duration>,
     /// With [`Scope::Pids`]: end when every target has exited (`top` keeps showing them).
     pub end_with_targets: bool,
+    /// Random subsampling: perf events this many times faster, one in this many kept (1:
+    /// a fixed sampling clock). See the kernel's `SUBSAMPLE`.
+    pub subsample: u32,
+    /// How often samples are drained and housekeeping runs ([`DRAIN_INTERVAL`] by default).
+    pub drain_interval: Duration,
 }
 
 /// Whether a sink wants the run to go on.
@@ -159,7 +164,7 @@ impl Ended {
 /// Starts the session for `options`: the BPF programs loaded and the first targets
 /// registered. Separate from [`run`] so that a caller can look at the session first.
 pub fn start(options: &Options) -> Result<Session> {
-    let mut session = Session::start(options.rate_hz, options.debug)?;
+    let mut session = Session::start(options.rate_hz, options.debug, options.subsample)?;
     if options.gil {
         session.want_gil();
     }
@@ -223,7 +228,7 @@ pub async fn run<S: Sink>(options: &Options, session: &mut Session, sink: &mut S
 
     let started = Instant::now();
     let deadline = options.duration.map(|d| started + d);
-    let mut tick = tokio::time::interval(DRAIN_INTERVAL);
+    let mut tick = tokio::time::interval(options.drain_interval);
     let mut idle_tick = session.idle_period().map(every);
     let mut period = sink.period().map(|p| {
         let mut t = every(p);

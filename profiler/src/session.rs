@@ -63,9 +63,10 @@ pub struct CacheSizes {
 }
 
 impl Session {
-    pub fn start(rate_hz: u64, debug: DebugBpf) -> Result<Session> {
+    /// Loads the BPF programs (see [`Sampler::start_with`] for `subsample`).
+    pub fn start(rate_hz: u64, debug: DebugBpf, subsample: u32) -> Result<Session> {
         Ok(Session {
-            sampler: Sampler::start_with(rate_hz, debug)?,
+            sampler: Sampler::start_with(rate_hz, debug, subsample)?,
             elves: ElfCache::default(),
             registry: Registry::default(),
             resolver: Resolver::default(),

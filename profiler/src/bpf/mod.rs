@@ -45,6 +45,7 @@ pub struct KernelStats {
     pub window_limit: u64,
     pub windows: u64,
     pub new_code: u64,
+    pub subsampled: u64,
 }
 
 /// Entries in the kernel's per-process and per-thread maps, for leak checks and benchmarks.
@@ -92,11 +93,15 @@ pub struct Sampler {
 impl Sampler {
     /// Loads the programs and starts sampling every CPU at `rate_hz`.
     pub fn start(rate_hz: u64) -> Result<Sampler> {
-        Self::start_with(rate_hz, DebugBpf::OFF)
+        Self::start_with(rate_hz, DebugBpf::OFF, 1)
     }
 
-    /// [`Sampler::start`], with BPF-side diagnostics logged through aya-log.
-    pub fn start_with(rate_hz: u64, debug: DebugBpf) -> Result<Sampler> {
+    /// [`Sampler::start`], with BPF-side diagnostics logged through aya-log (`debug`), and
+    /// with perf events `subsample` times faster of which one in `subsample`, at random, is
+    /// kept (see the kernel's `SUBSAMPLE`): samples at random intervals averaging
+    /// 1/`rate_hz`.
+    pub fn start_with(rate_hz: u64, debug: DebugBpf, subsample: u32) -> Result<Sampler> {
+        let subsample = subsample.max(1);
         // Read once, parsed twice: by aya (for the BTF tracepoints) and by `kernel_btf`.
         let vmlinux = std::fs::read(kernel_btf::VMLINUX).map_err(|e| {
             anyhow::anyhow!(
@@ -112,7 +117,8 @@ impl Sampler {
         loader
             .btf(Some(&btf))
             .override_global("TASK_SIGNAL_OFFSET", &offsets.task_signal, true)
-            .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true);
+            .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true)
+            .override_global("SUBSAMPLE", &subsample, true);
         let object = if debug == DebugBpf::OFF {
             OBJECT
         } else {
@@ -142,7 +148,7 @@ impl Sampler {
                 .attach(
                     PerfEventConfig::Software(SoftwareEvent::CpuClock),
                     PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(rate_hz),
+                    SamplePolicy::Frequency(rate_hz.saturating_mul(subsample as u64)),
                     false,
                 )
                 .with_context(|| format!("attaching the sampler to CPU {cpu}"))?;
@@ -294,6 +300,7 @@ impl Sampler {
             window_limit: sum(stat::WINDOW_LIMIT),
             windows: sum(stat::WINDOWS),
             new_code: sum(stat::NEW_CODE),
+            subsampled: sum(stat::SUBSAMPLED),
         }
     }
 }

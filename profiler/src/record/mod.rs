@@ -99,6 +99,8 @@ async fn record(args: RecordArgs) -> Result<i32> {
         idle: args.idle,
         duration: args.duration.map(Duration::from_secs_f64),
         end_with_targets: true,
+        subsample: 1,
+        drain_interval: driver::DRAIN_INTERVAL,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(multi, args.threads);

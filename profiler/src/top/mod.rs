@@ -288,6 +288,8 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         duration: None,
         // The table keeps showing what the targets did; the text mode ends on its own.
         end_with_targets: false,
+        subsample: 1,
+        drain_interval: driver::DRAIN_INTERVAL,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {
