@@ -22,6 +22,7 @@ pub mod memory;
 pub mod output;
 pub mod privileges;
 pub mod procfs;
+pub mod proto;
 pub mod python;
 pub mod record;
 pub mod registry;

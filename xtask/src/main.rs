@@ -5,6 +5,7 @@ mod bench;
 mod bench_proc;
 mod bench_report;
 mod bench_run;
+mod codegen;
 mod demo;
 mod run;
 mod setup;
@@ -26,6 +27,11 @@ struct Cli {
 enum Cmd {
     /// Install what building the BPF side needs: nightly rust-src and bpf-linker.
     Setup(setup::SetupArgs),
+    /// Regenerate the Rust types of the vendored .proto files (profiler/src/proto/).
+    ///
+    /// protox compiles profiler/proto/ and prost-build writes the Rust: no protoc needed.
+    /// `--check` writes nothing and fails when the checked-in code is out of date.
+    Codegen(codegen::CodegenArgs),
     /// Create (once) the Debian sid root with CPython 3.13, 3.14 and 3.15 for the tests.
     Sidroot(sidroot::SidrootArgs),
     /// Run every test: fmt check, setup, sid root, build pyebpf, `cargo test --workspace`.
@@ -65,6 +71,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Setup(args) => setup::setup(&args),
+        Cmd::Codegen(args) => codegen::codegen(&args),
         Cmd::Sidroot(args) => sidroot::sidroot(&args).map(|_| ()),
         Cmd::Test(args) => test::test(&args),
         Cmd::Demo => demo::demo(),
