@@ -1,6 +1,7 @@
 //! Developer entry points: `cargo xtask <command>` (see `cargo xtask --help`).
 //!
 //! Each command lives in its own module; `util` echoes and runs subprocesses.
+mod apt;
 mod bench;
 mod bench_proc;
 mod bench_report;

@@ -1,13 +1,15 @@
 //! `cargo xtask test`: the project's one test command.
 //!
-//! fmt check -> setup -> sid root (optional) -> build `pyebpf` -> `cargo test --workspace`
-//! with `PYEBPF_BIN` and `PYEBPF_SID_ROOT` set for the integration tests.
+//! fmt check -> setup -> go (for `go tool pprof`) -> sid root (optional) -> build `pyebpf` ->
+//! `cargo test --workspace` with `PYEBPF_BIN` and `PYEBPF_SID_ROOT` set for the integration
+//! tests.
 use std::ffi::OsString;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 
+use crate::apt;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
@@ -53,6 +55,16 @@ pub fn test(args: &TestArgs) -> Result<()> {
 
     setup::setup(&SetupArgs::default())?;
     done("setup", &mut lap);
+
+    // tests/tests/pprof.rs reads pyebpf's profiles with `go tool pprof`, the consumer people
+    // use; Debian's Go ships it. Not fatal: without it those tests fail and say why.
+    util::step("go (for `go tool pprof`)");
+    if util::on_path("go") {
+        eprintln!("ok: go");
+    } else if let Err(err) = apt::ensure(&["golang-go"]) {
+        eprintln!("could not install golang-go: {err:#}; the pprof tests will fail");
+    }
+    done("go", &mut lap);
 
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);

@@ -16,6 +16,7 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
+use crate::apt::{apt_install, apt_update, dpkg_installed};
 use crate::util::{self, probe, probe_stdout};
 
 /// Where virtme-ng's venv lives.
@@ -97,15 +98,7 @@ impl DebianKernel {
 /// qemu, busybox and virtme-ng; returns the venv's `bin` directory (it must be on `PATH`
 /// for `vng`, which runs `virtme-run` from there).
 pub fn vm_tools() -> Result<PathBuf> {
-    let missing: Vec<String> = APT_PACKAGES
-        .iter()
-        .filter(|p| !dpkg_installed(p))
-        .map(|p| p.to_string())
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("installing {} ...", missing.join(", "));
-        apt_install(&missing, None)?;
-    }
+    crate::apt::ensure(&APT_PACKAGES)?;
     eprintln!("ok: {}", APT_PACKAGES.join(", "));
     virtme_ng()
 }
@@ -185,62 +178,6 @@ fn add_suite(suite: &str) -> Result<()> {
     eprintln!("adding {suite} to apt's sources: {}", path.display());
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     apt_update()
-}
-
-fn dpkg_installed(package: &str) -> bool {
-    probe_stdout(Command::new("dpkg-query").args(["-W", "-f=${db:Status-Abbrev}", package]))
-        .is_some_and(|s| s.starts_with("ii"))
-}
-
-/// `apt-get` that waits for the dpkg lock (another install may be running) instead of failing.
-fn apt_get() -> Command {
-    let mut cmd = Command::new("apt-get");
-    cmd.env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["-o", "DPkg::Lock::Timeout=600"]);
-    cmd
-}
-
-fn apt_update() -> Result<()> {
-    util::with_fix(
-        util::run(apt_get().arg("update")),
-        "`apt-get update` failed",
-        "check network access to the Debian mirror, then run `apt-get update` by hand",
-    )
-}
-
-/// `apt-get install` without recommends, from `suite` if given; on failure the lists are
-/// refreshed and the install retried once.
-fn apt_install(packages: &[String], suite: Option<&str>) -> Result<()> {
-    if !util::on_path("apt-get") {
-        bail!(
-            "{} missing and there is no apt-get to install it\n  fix: install it with your \
-             package manager",
-            packages.join(", ")
-        );
-    }
-    let install = || {
-        let mut cmd = apt_get();
-        cmd.args(["install", "-y", "--no-install-recommends"]);
-        if let Some(suite) = suite {
-            cmd.args(["-t", suite]);
-        }
-        util::status(cmd.args(packages))
-    };
-    if install()?.success() {
-        return Ok(());
-    }
-    eprintln!("apt-get install failed; refreshing the package lists and retrying ...");
-    apt_update()?;
-    if !install()?.success() {
-        let target = suite.map(|s| format!("-t {s} ")).unwrap_or_default();
-        bail!(
-            "could not install {}\n  fix: read apt's errors above, then `apt-get install \
-             --no-install-recommends {target}{}`",
-            packages.join(", "),
-            packages.join(" ")
-        );
-    }
-    Ok(())
 }
 
 /// virtme-ng in its venv; returns the venv's `bin`.
