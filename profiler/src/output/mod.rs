@@ -1,11 +1,13 @@
 //! Writers for aggregated profiles.
 //!
-//! [`write`] renders a [`Profile`] as a flame graph (SVG, via inferno), a speedscope JSON file or
-//! collapsed ("folded") stacks, the text format most flame graph tools read.
+//! [`write`] renders a [`Profile`] as a flame graph (SVG, via inferno), a speedscope JSON file,
+//! collapsed ("folded") stacks, the text format most flame graph tools read, or pprof's gzipped
+//! `profile.proto`, which `go tool pprof` and continuous-profiling backends read.
 
 pub mod collapsed;
 pub mod destination;
 pub mod flamegraph;
+pub mod pprof;
 pub mod speedscope;
 
 use std::io::Write;
@@ -21,6 +23,9 @@ pub enum Format {
     Speedscope,
     /// Collapsed stacks: `frame;frame;frame count`, one line per distinct stack.
     Collapsed,
+    /// pprof (gzipped protobuf), for `go tool pprof` and profiling backends; processes and
+    /// threads are sample labels.
+    Pprof,
 }
 
 impl Format {
@@ -30,7 +35,14 @@ impl Format {
             Format::Flamegraph => "svg",
             Format::Speedscope => "speedscope.json",
             Format::Collapsed => "txt",
+            Format::Pprof => "pb.gz",
         }
+    }
+
+    /// Whether the format keeps sample labels (pid, tid, thread name, process), so that the
+    /// aggregation must collect them.
+    pub fn has_labels(self) -> bool {
+        matches!(self, Format::Pprof)
     }
 }
 
@@ -49,6 +61,7 @@ pub fn write(
         Format::Flamegraph => flamegraph::write(profile, title, out),
         Format::Speedscope => speedscope::write(profile, title, out),
         Format::Collapsed => collapsed::write(profile, out),
+        Format::Pprof => pprof::write(profile, title, out),
     }?;
     out.flush()?;
     Ok(())
@@ -61,19 +74,16 @@ pub(crate) mod test_support {
     use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
 
     pub fn frame(kind: FrameKind, name: &str) -> Frame {
-        Frame {
-            kind,
-            name: Arc::from(name),
-            file: None,
-            line: 0,
-        }
+        Frame::marker(kind, name)
     }
 
+    /// A Python frame whose function starts 3 lines above `line` (at line 1 at the least).
     pub fn py(name: &str, file: &str, line: u32) -> Frame {
         Frame {
             kind: FrameKind::Python,
             name: Arc::from(name),
             file: Some(Arc::from(file)),
+            first_line: line.saturating_sub(3).max(1),
             line,
         }
     }
@@ -133,6 +143,7 @@ mod tests {
         assert_eq!(Format::Flamegraph.extension(), "svg");
         assert_eq!(Format::Speedscope.extension(), "speedscope.json");
         assert_eq!(Format::Collapsed.extension(), "txt");
+        assert_eq!(Format::Pprof.extension(), "pb.gz");
     }
 
     #[test]
@@ -147,19 +158,60 @@ mod tests {
             Ok(Format::Speedscope)
         );
         assert_eq!(Format::from_str("collapsed", false), Ok(Format::Collapsed));
+        assert_eq!(Format::from_str("pprof", false), Ok(Format::Pprof));
+    }
+
+    /// Flame graph, speedscope and collapsed output merge label sets away: a profile whose
+    /// samples carry labels writes the same bytes as the same samples without them.
+    #[test]
+    fn label_blind_formats_ignore_labels() {
+        use crate::aggregate::{Label, Profile};
+        let plain = test_support::two_processes();
+        let mut labeled = Profile::default();
+        for frame in plain.frames() {
+            labeled.intern(frame.clone());
+        }
+        for (i, (stack, count)) in plain.stacks().into_iter().enumerate() {
+            // Split each stack's count over two threads' label sets.
+            for tid in [1, 2] {
+                let part = if tid == 1 { count / 2 } else { count - count / 2 };
+                let labels = labeled.intern_labels(vec![
+                    Label::num("pid", i as i64),
+                    Label::num("tid", tid),
+                ]);
+                labeled.add_labeled(labels, stack, part);
+            }
+        }
+        for format in [Format::Flamegraph, Format::Speedscope, Format::Collapsed] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            write(&plain, format, "t", &mut a).unwrap();
+            write(&labeled, format, "t", &mut b).unwrap();
+            assert!(a == b, "{format:?} output depends on labels");
+        }
     }
 
     #[test]
     fn write_dispatches() {
         let profile = test_support::single();
-        for format in [Format::Flamegraph, Format::Speedscope, Format::Collapsed] {
+        for format in [
+            Format::Flamegraph,
+            Format::Speedscope,
+            Format::Collapsed,
+            Format::Pprof,
+        ] {
             let mut out = Vec::new();
             write(&profile, format, "t", &mut out).unwrap();
+            if format == Format::Pprof {
+                // The gzip magic.
+                assert_eq!(out[..2], [0x1f, 0x8b]);
+                continue;
+            }
             let text = String::from_utf8(out).unwrap();
             match format {
                 Format::Flamegraph => assert!(text.contains("<svg")),
                 Format::Speedscope => assert!(text.starts_with('{')),
                 Format::Collapsed => assert!(text.starts_with("main (app.py:1);f (app.py:5) 6\n")),
+                Format::Pprof => unreachable!(),
             }
         }
     }

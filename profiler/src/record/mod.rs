@@ -12,10 +12,10 @@ use crate::driver::{self, Flow, Options, Scope, Sink, Stop};
 use crate::output::{self, destination};
 use crate::session::{Resolved, Session};
 
-mod stacks;
 mod stats;
 
-use stacks::Aggregator;
+use crate::aggregate::stacks::Aggregator;
+use crate::aggregate::Profile;
 use stats::{stats_json, MapReport};
 
 pub fn run(mut args: RecordArgs) -> Result<i32> {
@@ -103,7 +103,8 @@ async fn record(args: RecordArgs) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
     };
     let mut session = driver::start(&options)?;
-    let mut aggregator = Aggregator::new(multi, args.threads);
+    let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
+        .with_labels(args.format.has_labels());
     aggregator.gil_only = args.gil;
     let mut recorder = Recorder {
         aggregator,
@@ -174,7 +175,15 @@ fn finish(
     elapsed: Duration,
 ) -> Result<bool> {
     let gil_dropped = aggregator.gil_dropped;
-    let profile = aggregator.profile;
+    let mut profile = aggregator.profile;
+    let start = std::time::SystemTime::now()
+        .checked_sub(elapsed)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+    profile.timing = crate::aggregate::Timing {
+        start_unix_ns: start.map_or(0, |t| t.as_nanos() as u64),
+        duration_ns: elapsed.as_nanos() as u64,
+        period_ns: 1_000_000_000 / args.rate.max(1),
+    };
     let st = session.stats();
     let kernel = session.kernel_stats();
     let processes = session.profiled() as usize;

@@ -1,0 +1,240 @@
+//! Resolved samples → interned, root-first stacks: the process and thread frames a recording
+//! asks for, the Python frames, and markers for truncated and idle stacks; with
+//! [`Aggregator::with_labels`], each sample's labels too (see [`super::labels`]).
+//!
+//! Bounds: the thread caches (names read from `/proc`, label sets) hold at most
+//! [`MAX_THREADS`] entries and start over when full, so a long run with thread churn keeps
+//! them flat; a thread seen again after that costs one more `/proc` read.
+
+use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
+
+use super::labels::{process_labels, Label, LabelSetId};
+use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
+use crate::session::{PyFrame, Resolved, Session};
+
+/// Entries of each per-thread cache before it is emptied.
+pub const MAX_THREADS: usize = 1 << 16;
+
+/// Turns resolved samples into interned, root-first stacks.
+pub struct Aggregator {
+    pub profile: Profile,
+    by_process: bool,
+    by_thread: bool,
+    /// Give each sample its label set (pid, tid, thread name, process labels).
+    labeled: bool,
+    python: FxHashMap<(u32, u64, u64, u32), FrameId>,
+    process_frames: FxHashMap<u32, FrameId>,
+    /// `(pid, ns pid …, container …)` of processes in other namespaces; `(pid)` otherwise.
+    id_labels: HashMap<u32, String>,
+    /// [`process_labels`] of the watched processes.
+    process_labels: HashMap<u32, Vec<(&'static str, String)>>,
+    thread_frames: FxHashMap<(u32, u32), FrameId>,
+    label_sets: FxHashMap<(u32, u32), LabelSetId>,
+    stack: Vec<FrameId>,
+    /// `--gil`: keep only samples whose thread held the GIL.
+    pub gil_only: bool,
+    /// Samples left out by `--gil`.
+    pub gil_dropped: u64,
+    /// Processes whose build exposes no GIL, already reported.
+    gil_warned: std::collections::HashSet<u32>,
+}
+
+impl Aggregator {
+    /// An aggregator into `profile`, which decides the stack limit.
+    pub fn new(profile: Profile, by_process: bool, by_thread: bool) -> Self {
+        Aggregator {
+            profile,
+            by_process,
+            by_thread,
+            labeled: false,
+            python: FxHashMap::default(),
+            process_frames: FxHashMap::default(),
+            id_labels: HashMap::new(),
+            process_labels: HashMap::new(),
+            thread_frames: FxHashMap::default(),
+            label_sets: FxHashMap::default(),
+            stack: Vec::new(),
+            gil_only: false,
+            gil_dropped: 0,
+            gil_warned: Default::default(),
+        }
+    }
+
+    /// Labels each sample with its pid, tid, thread name and [`process_labels`]. Off by
+    /// default: it costs a `/proc` read per thread and multiplies the keys of the profile by
+    /// the threads, which only pprof has a use for.
+    pub fn with_labels(mut self, yes: bool) -> Self {
+        self.labeled = yes;
+        self
+    }
+
+    /// Remembers the labels of newly watched processes; with `--gil`, names the ones whose
+    /// build does not expose its GIL (once each).
+    pub fn note_processes(&mut self, session: &Session) {
+        for p in session.watched() {
+            if self.gil_only && !Session::gil_known(p) && self.gil_warned.insert(p.pid) {
+                eprintln!(
+                    "pyebpf: warning: pid {} ({}, CPython {}{}) does not expose its GIL, so --gil leaves out all of its samples",
+                    p.pid,
+                    p.binary,
+                    p.layout.version,
+                    if p.layout.free_threaded { ", free-threaded" } else { "" }
+                );
+            }
+            if (p.ns_pid.is_some() || p.container.is_some()) && !self.id_labels.contains_key(&p.pid)
+            {
+                self.id_labels.insert(p.pid, p.id_label());
+            }
+            if self.labeled {
+                let labels = process_labels(p);
+                if self.process_labels.get(&p.pid) != Some(&labels) {
+                    // New, or the pid exec'd into another program: its threads' sets are stale.
+                    self.label_sets.retain(|&(pid, _), _| pid != p.pid);
+                    self.process_labels.insert(p.pid, labels);
+                }
+            }
+        }
+        if self.process_labels.len() > MAX_THREADS {
+            // Exited processes pile up over a long run; keep the watched ones.
+            let watched: std::collections::HashSet<u32> = session.watched().map(|p| p.pid).collect();
+            self.process_labels.retain(|pid, _| watched.contains(pid));
+        }
+    }
+
+    /// Adds one resolved sample; `command` is its process's short command line.
+    pub fn add(&mut self, sample: &Resolved, command: &str) {
+        if self.gil_only && !sample.holds_gil {
+            self.gil_dropped += sample.weight;
+            return;
+        }
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        if self.by_process {
+            let profile = &mut self.profile;
+            let id_labels = &self.id_labels;
+            let id = *self
+                .process_frames
+                .entry(sample.pid)
+                .or_insert_with(|| {
+                    let id = id_labels
+                        .get(&sample.pid)
+                        .cloned()
+                        .unwrap_or_else(|| format!("({})", sample.pid));
+                    profile.intern(Frame::marker(FrameKind::Process, format!("{command} {id}")))
+                });
+            stack.push(id);
+        }
+        if self.by_thread {
+            let key = (sample.pid, sample.tid);
+            let id = match self.thread_frames.get(&key) {
+                Some(&id) => id,
+                None => {
+                    let name = thread_name(sample.pid, sample.tid);
+                    let id = self.profile.intern(Frame::marker(
+                        FrameKind::Thread,
+                        format!("thread {} ({name})", sample.tid),
+                    ));
+                    bounded_insert(&mut self.thread_frames, key, id);
+                    id
+                }
+            };
+            stack.push(id);
+        }
+        if sample.truncated || sample.partial {
+            let text = if sample.truncated {
+                "<truncated>"
+            } else {
+                "<partial stack>"
+            };
+            stack.push(
+                self.profile
+                    .intern(Frame::marker(FrameKind::Truncated, text)),
+            );
+        }
+        let mut last: Option<(&PyFrame, FrameId)> = None;
+        for frame in sample.frames.iter().rev() {
+            // Recursion: the same code at the same line as the frame before is the same node.
+            let id = match last {
+                Some((prev, id))
+                    if prev.code_addr == frame.code_addr
+                        && prev.tag == frame.tag
+                        && prev.line == frame.line =>
+                {
+                    id
+                }
+                _ => self.python_frame(sample.pid, frame),
+            };
+            last = Some((frame, id));
+            stack.push(id);
+        }
+        if sample.idle {
+            stack.push(self.profile.intern(Frame::marker(FrameKind::Python, "<idle>")));
+        }
+        let labels = if self.labeled {
+            self.label_set(sample.pid, sample.tid, command)
+        } else {
+            NO_LABELS
+        };
+        self.profile.add_labeled(labels, &stack, sample.weight);
+        self.stack = stack;
+    }
+
+    /// The label set of a thread's samples, built on its first sample.
+    fn label_set(&mut self, pid: u32, tid: u32, command: &str) -> LabelSetId {
+        if let Some(&id) = self.label_sets.get(&(pid, tid)) {
+            return id;
+        }
+        let mut labels = vec![
+            Label::num("pid", pid.into()),
+            Label::num("tid", tid.into()),
+            Label::str("thread_name", thread_name(pid, tid)),
+        ];
+        match self.process_labels.get(&pid) {
+            Some(known) => labels.extend(known.iter().map(|(k, v)| Label::str(k, v.as_str()))),
+            // Not noted yet (a sample can precede the next `note_processes`): what the sample
+            // itself says.
+            None => labels.push(Label::str("process", command)),
+        }
+        let id = self.profile.intern_labels(labels);
+        bounded_insert(&mut self.label_sets, (pid, tid), id);
+        id
+    }
+
+    fn python_frame(&mut self, pid: u32, frame: &PyFrame) -> FrameId {
+        let key = (pid, frame.code_addr, frame.tag, frame.line);
+        if let Some(&id) = self.python.get(&key) {
+            return id;
+        }
+        let id = match &frame.code {
+            Some(code) => self.profile.intern(Frame {
+                kind: FrameKind::Python,
+                name: code.qualname.as_str().into(),
+                file: Some(code.filename.as_str().into()),
+                first_line: code.firstlineno,
+                line: frame.line,
+            }),
+            None => self
+                .profile
+                .intern(Frame::marker(FrameKind::Python, "<unknown code object>")),
+        };
+        self.python.insert(key, id);
+        id
+    }
+}
+
+/// The thread's name (`/proc/PID/task/TID/comm`), empty when it cannot be read (it exited).
+fn thread_name(pid: u32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|n| n.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Inserts into a per-thread cache, emptying it first when it is full.
+fn bounded_insert<V>(cache: &mut FxHashMap<(u32, u32), V>, key: (u32, u32), value: V) {
+    if cache.len() >= MAX_THREADS {
+        cache.clear();
+    }
+    cache.insert(key, value);
+}
