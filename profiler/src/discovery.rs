@@ -35,7 +35,8 @@ pub struct PythonProcess {
     pub layout: PyLayout,
     /// The pid inside the process's own pid namespace, when that is not the host's.
     pub ns_pid: Option<u32>,
-    /// Container id from the process's cgroup path (docker, containerd, CRI-O, podman).
+    /// Container id from the process's cgroup path (docker, containerd, CRI-O, podman; see
+    /// `agent::labels::container_id_from_cgroup`).
     pub container: Option<String>,
 }
 
@@ -72,27 +73,6 @@ fn parse_nspid(status: &str) -> Option<u32> {
         [_, .., inner] => Some(*inner),
         _ => None,
     }
-}
-
-/// The container id in `pid`'s cgroup path, if it has one: a 64-hex-digit path component,
-/// possibly wrapped as `docker-<id>.scope`, `cri-containerd-<id>.scope`, `crio-<id>`,
-/// `libpod-<id>.scope`.
-pub fn container_id(pid: u32) -> Option<String> {
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    parse_container_id(&cgroup)
-}
-
-fn parse_container_id(cgroup: &str) -> Option<String> {
-    cgroup
-        .lines()
-        .filter_map(|l| l.splitn(3, ':').nth(2))
-        .flat_map(|path| path.split('/'))
-        .find_map(|component| {
-            let name = component.strip_suffix(".scope").unwrap_or(component);
-            let id = name.rsplit(['-', ':']).next().unwrap_or(name);
-            (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-                .then(|| id.to_ascii_lowercase())
-        })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -376,7 +356,7 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
             runtime,
             layout,
             ns_pid: namespace_pid(pid),
-            container: container_id(pid),
+            container: crate::agent::labels::container_id(pid),
         });
     }
     Err(DiscoveryError::NotPython {
@@ -538,22 +518,6 @@ mod tests {
         assert_eq!(parse_nspid("Name:\tpython3\nNSpid:\t4242\n"), None);
         assert_eq!(parse_nspid("NSpid:\t4242\t17\t1\nPPid:\t1\n"), Some(1));
         assert_eq!(parse_nspid("Name:\tx\n"), None);
-    }
-
-    #[test]
-    fn container_ids() {
-        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-        for path in [
-            format!("0::/system.slice/docker-{id}.scope"),
-            format!("0::/docker/{id}"),
-            format!("0::/kubepods/besteffort/pod1/cri-containerd-{id}.scope"),
-            format!("12:pids:/kubepods/pod1/{id}\n0::/"),
-            format!("0::/machine.slice/libpod-{id}.scope/container"),
-        ] {
-            assert_eq!(parse_container_id(&path).as_deref(), Some(id), "{path}");
-        }
-        assert_eq!(parse_container_id("0::/user.slice/session-2.scope"), None);
-        assert_eq!(parse_container_id("0::/"), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! keeps the file safe), driven by `record`. `check` says whether the host can run all this,
 //! and holds the preflight `record` and `top` run.
 
+pub mod agent;
 pub mod aggregate;
 pub mod bpf;
 pub mod check;

@@ -268,7 +268,11 @@ mod tests {
         assert_eq!(p.stacks(), vec![(&[a, b][..], 8), (&[a][..], 5)]);
         assert_eq!(
             p.labeled_stacks(),
-            vec![(NO_LABELS, &[a][..], 5), (one, &[a, b][..], 4), (two, &[a, b][..], 4)]
+            vec![
+                (NO_LABELS, &[a][..], 5),
+                (one, &[a, b][..], 4),
+                (two, &[a, b][..], 4)
+            ]
         );
         assert_eq!(p.stack_count(), 3);
     }

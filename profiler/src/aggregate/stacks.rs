@@ -98,7 +98,8 @@ impl Aggregator {
         }
         if self.process_labels.len() > MAX_THREADS {
             // Exited processes pile up over a long run; keep the watched ones.
-            let watched: std::collections::HashSet<u32> = session.watched().map(|p| p.pid).collect();
+            let watched: std::collections::HashSet<u32> =
+                session.watched().map(|p| p.pid).collect();
             self.process_labels.retain(|pid, _| watched.contains(pid));
         }
     }
@@ -114,16 +115,13 @@ impl Aggregator {
         if self.by_process {
             let profile = &mut self.profile;
             let id_labels = &self.id_labels;
-            let id = *self
-                .process_frames
-                .entry(sample.pid)
-                .or_insert_with(|| {
-                    let id = id_labels
-                        .get(&sample.pid)
-                        .cloned()
-                        .unwrap_or_else(|| format!("({})", sample.pid));
-                    profile.intern(Frame::marker(FrameKind::Process, format!("{command} {id}")))
-                });
+            let id = *self.process_frames.entry(sample.pid).or_insert_with(|| {
+                let id = id_labels
+                    .get(&sample.pid)
+                    .cloned()
+                    .unwrap_or_else(|| format!("({})", sample.pid));
+                profile.intern(Frame::marker(FrameKind::Process, format!("{command} {id}")))
+            });
             stack.push(id);
         }
         if self.by_thread {
@@ -170,7 +168,10 @@ impl Aggregator {
             stack.push(id);
         }
         if sample.idle {
-            stack.push(self.profile.intern(Frame::marker(FrameKind::Python, "<idle>")));
+            stack.push(
+                self.profile
+                    .intern(Frame::marker(FrameKind::Python, "<idle>")),
+            );
         }
         let labels = if self.labeled {
             self.label_set(sample.pid, sample.tid, command)

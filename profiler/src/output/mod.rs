@@ -174,11 +174,13 @@ mod tests {
         for (i, (stack, count)) in plain.stacks().into_iter().enumerate() {
             // Split each stack's count over two threads' label sets.
             for tid in [1, 2] {
-                let part = if tid == 1 { count / 2 } else { count - count / 2 };
-                let labels = labeled.intern_labels(vec![
-                    Label::num("pid", i as i64),
-                    Label::num("tid", tid),
-                ]);
+                let part = if tid == 1 {
+                    count / 2
+                } else {
+                    count - count / 2
+                };
+                let labels = labeled
+                    .intern_labels(vec![Label::num("pid", i as i64), Label::num("tid", tid)]);
                 labeled.add_labeled(labels, stack, part);
             }
         }

@@ -350,7 +350,10 @@ mod tests {
         let labeled: Vec<&pb::Sample> = p.sample.iter().filter(|s| !s.label.is_empty()).collect();
         assert_eq!(labeled.len(), 1);
         let sample = labeled[0];
-        assert_eq!(frames(&p, sample), [("main".into(), "/srv/app.py".into(), 10)]);
+        assert_eq!(
+            frames(&p, sample),
+            [("main".into(), "/srv/app.py".into(), 10)]
+        );
         let mut got: Vec<String> = sample
             .label
             .iter()
