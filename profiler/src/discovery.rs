@@ -5,10 +5,12 @@
 //! `/proc/PID/root`, so processes in containers and chroots resolve to their own binaries.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 
 use crate::elf::{ElfCache, PythonElf};
+use crate::identity::{self, ProcessLabels};
 use crate::memory::ProcessMemory;
 use crate::python::layout::{PyLayout, PyVersion};
 use crate::python::{debug_offsets, tables};
@@ -35,9 +37,9 @@ pub struct PythonProcess {
     pub layout: PyLayout,
     /// The pid inside the process's own pid namespace, when that is not the host's.
     pub ns_pid: Option<u32>,
-    /// Container id from the process's cgroup path (docker, containerd, CRI-O, podman; see
-    /// `agent::labels::container_id_from_cgroup`).
-    pub container: Option<String>,
+    /// Who it is: service name, container id, comm, version (see [`crate::identity`]), read
+    /// once when it is found.
+    pub identity: Arc<ProcessLabels>,
 }
 
 impl PythonProcess {
@@ -48,7 +50,7 @@ impl PythonProcess {
         if let Some(ns) = self.ns_pid {
             label.push_str(&format!(", ns pid {ns}"));
         }
-        if let Some(id) = &self.container {
+        if let Some(id) = &self.identity.container_id {
             label.push_str(&format!(", container {}", &id[..id.len().min(12)]));
         }
         label.push(')');
@@ -349,6 +351,8 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
             ))
         })?;
         let layout = layout_of(pid, binary, runtime, &elf)?;
+        let version = format!("{}.{}", layout.version.major, layout.version.minor);
+        let identity = Arc::new(identity_of(pid, &version, &command));
         return Ok(PythonProcess {
             pid,
             command,
@@ -356,13 +360,33 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
             runtime,
             layout,
             ns_pid: namespace_pid(pid),
-            container: crate::agent::labels::container_id(pid),
+            identity,
         });
     }
     Err(DiscoveryError::NotPython {
         pid,
         command,
         namesakes: Vec::new(),
+    })
+}
+
+/// [`identity::resolve`]; a process that vanished mid-inspection still gets a name (its
+/// samples so far are kept) from its command line.
+fn identity_of(pid: u32, version: &str, command: &str) -> ProcessLabels {
+    identity::resolve(pid, version).unwrap_or_else(|_| {
+        let comm = command
+            .split_whitespace()
+            .next()
+            .unwrap_or("python")
+            .to_string();
+        ProcessLabels {
+            pid,
+            service_name: comm.clone(),
+            service_source: identity::ServiceSource::Comm,
+            comm,
+            container_id: None,
+            python_version: version.to_string(),
+        }
     })
 }
 

@@ -17,6 +17,7 @@ pub mod decode;
 pub mod discovery;
 pub mod driver;
 pub mod elf;
+pub mod identity;
 pub mod idle;
 pub mod lifecycle;
 pub mod memory;

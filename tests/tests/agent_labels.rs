@@ -1,4 +1,4 @@
-//! The agent's labels for real Python processes: `agent::labels::resolve` on the pids of
+//! The agent's labels for real Python processes: `identity::resolve` on the pids of
 //! workloads started the ways services are started — named by their environment
 //! (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `PYROSCOPE_APPLICATION_NAME`), run as a
 //! module (`python -X dev -u -m pkg`), and run as console scripts (`#!/usr/bin/env python3`
@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler::agent::labels::{self, Labels, OperatorLabels, ProcessLabels, ServiceSource};
+use profiler::identity::{self, Labels, OperatorLabels, ProcessLabels, ServiceSource};
 use tests::{interpreters_logged, Interpreter, Workload};
 
 /// A workload's body: says it is ready, then waits to be killed.

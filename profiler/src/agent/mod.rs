@@ -5,5 +5,4 @@
 //! `--label`s; `push` ships encoded profiles to Grafana Pyroscope through a bounded, retrying
 //! queue whose counters feed `/metrics`.
 
-pub mod labels;
 pub mod push;

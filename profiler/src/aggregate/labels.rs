@@ -47,11 +47,14 @@ impl Label {
 }
 
 /// The labels every sample of a process carries, besides its numeric `pid` and `tid`:
-/// `process` (the short command) and, when known, `container_id`. The one place per-process
-/// labels come from, so that others (`service_name`) are added here.
+/// `process` (the short command), `service_name` (see [`crate::identity`]) and, when it runs
+/// in one, `container_id`. The one place per-process labels come from.
 pub fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
-    let mut labels = vec![("process", process.command.clone())];
-    if let Some(id) = &process.container {
+    let mut labels = vec![
+        ("process", process.command.clone()),
+        ("service_name", process.identity.service_name.clone()),
+    ];
+    if let Some(id) = &process.identity.container_id {
         labels.push(("container_id", id.clone()));
     }
     labels

@@ -83,7 +83,8 @@ impl Aggregator {
                     if p.layout.free_threaded { ", free-threaded" } else { "" }
                 );
             }
-            if (p.ns_pid.is_some() || p.container.is_some()) && !self.id_labels.contains_key(&p.pid)
+            if (p.ns_pid.is_some() || p.identity.container_id.is_some())
+                && !self.id_labels.contains_key(&p.pid)
             {
                 self.id_labels.insert(p.pid, p.id_label());
             }

@@ -94,7 +94,7 @@ pub(super) fn scan() -> Processes {
                 other_pid_namespace: procfs::other_namespace(pid, "pid").unwrap_or(false),
                 ns_pid: proc.ns_pid,
                 other_mount_namespace: procfs::other_namespace(pid, "mnt").unwrap_or(false),
-                container: proc.container,
+                container: proc.identity.container_id.clone(),
             }),
             Err(e) if e.is_gone() => {}
             Err(e) => found.unsupported.push(unsupported(pid, e)),
