@@ -64,6 +64,101 @@ pub enum Command {
             pyebpf check                      what an unprivileged user lacks"
     )]
     Check(CheckArgs),
+    /// Profile every Python process on the host, continuously, for a profiling backend:
+    /// push to Grafana Pyroscope, or be scraped as pprof (Parca, Alloy, `go tool pprof`).
+    #[command(
+        long_about = "Profile every Python process on the host, continuously, for a profiling \
+            backend.\n\n\
+            Runs until stopped (SIGTERM pushes the current window and exits 0). Processes that \
+            start later are picked up, processes that exit are dropped. Each process is named \
+            by a service: OTEL_SERVICE_NAME, service.name in OTEL_RESOURCE_ATTRIBUTES or \
+            PYROSCOPE_APPLICATION_NAME from its environment, else its container (cgroup), else \
+            its program (script, -m module, or the app of gunicorn/uvicorn/celery-style \
+            launchers). Every --interval, one pprof profile per service is cut and, with \
+            --pyroscope, pushed with the labels service_name, hostname, python_version, and \
+            pid, comm and container_id when the service is one process or container, plus \
+            every --label. Samples inside a profile carry pid, tid, thread_name, process and \
+            container_id.\n\n\
+            Served on --listen (plain HTTP; keep it on loopback or a private network):\n  \
+            GET /debug/pprof/profile?seconds=N[&pid=P][&service=S]  gzipped pprof of the next N \
+            seconds (what Parca, Alloy's pyroscope.scrape and `go tool pprof` fetch)\n  \
+            GET /metrics   Prometheus/OpenMetrics counters: samples, drops, errors, truncated \
+            stacks, processes, the agent's own CPU (user, system, BPF), exports, push queue\n  \
+            GET /healthz   ok while the sampling loop runs\n\n\
+            Every flag can be set from the environment variable named after it \
+            (PYEBPF_INTERVAL, PYEBPF_PYROSCOPE_URL, PYEBPF_LABELS=k=v,k=v, ...). Needs \
+            CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (see the systemd unit in \
+            packaging/pyebpf-agent.service).",
+        after_help = "Examples:\n  \
+            sudo pyebpf agent --pyroscope http://pyroscope:4040\n  \
+            sudo pyebpf agent --listen 0.0.0.0:7071 --label env=prod     scraped by Parca or Alloy\n  \
+            go tool pprof http://localhost:7071/debug/pprof/profile?seconds=10"
+    )]
+    Agent(AgentArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    /// Samples per second per CPU. 19 Hz, as Parca's and Pyroscope's agents use: low enough
+    /// to cost well under 1% of a core on a busy host, a prime so it doesn't beat in step with
+    /// the 10 ms, 100 ms and 1 s timers applications run on.
+    #[arg(short, long, value_name = "HZ", default_value_t = 19, env = "PYEBPF_RATE",
+          value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub rate: u64,
+    /// Random subsampling against aliasing: the CPU clock fires N times faster and one tick in
+    /// N, chosen at random, is sampled, so the mean rate stays --rate but no periodic work can
+    /// hide between samples. 1 turns it off.
+    #[arg(long, value_name = "N", default_value_t = 4, env = "PYEBPF_SUBSAMPLE",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub subsample: u32,
+    /// Seconds per profile: every interval, each service's samples become one profile.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15.0, env = "PYEBPF_INTERVAL",
+          value_parser = parse_interval)]
+    pub interval: f64,
+    /// Address to serve /debug/pprof/profile, /metrics and /healthz on; `off` to serve
+    /// nothing.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7071",
+        env = "PYEBPF_LISTEN"
+    )]
+    pub listen: String,
+    /// Push each profile to this Grafana Pyroscope (or Grafana Cloud Profiles) URL, e.g.
+    /// http://pyroscope:4040.
+    #[arg(long, value_name = "URL", env = "PYEBPF_PYROSCOPE_URL")]
+    pub pyroscope: Option<String>,
+    /// Basic auth for --pyroscope, USER:PASSWORD (prefer the environment variable: flags show
+    /// in `ps`).
+    #[arg(
+        long,
+        value_name = "USER:PASSWORD",
+        env = "PYEBPF_BASIC_AUTH",
+        hide_env_values = true
+    )]
+    pub basic_auth: Option<String>,
+    /// Tenant for --pyroscope, sent as X-Scope-OrgID (multi-tenant Pyroscope, Grafana Cloud).
+    #[arg(long, value_name = "ID", env = "PYEBPF_TENANT")]
+    pub tenant: Option<String>,
+    /// Add label NAME=VALUE to every profile (repeatable); overrides the agent's own labels,
+    /// service_name included.
+    #[arg(
+        long = "label",
+        value_name = "NAME=VALUE",
+        env = "PYEBPF_LABELS",
+        value_delimiter = ','
+    )]
+    pub labels: Vec<String>,
+    /// Stop after this many seconds, pushing the last window (default: run until SIGTERM or
+    /// Ctrl-C).
+    #[arg(short, long, value_name = "SECONDS", value_parser = parse_duration)]
+    pub duration: Option<f64>,
+    /// On shutdown, how long to keep pushing what is queued before giving up on it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0, env = "PYEBPF_FLUSH_TIMEOUT",
+          value_parser = parse_duration)]
+    pub flush_timeout: f64,
+    #[command(flatten)]
+    pub debug: DebugArgs,
 }
 
 #[derive(Args, Debug)]
@@ -212,6 +307,15 @@ pub enum TopSort {
     Function,
     /// Process id.
     Process,
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match parse_duration(s)? {
+        v if (1.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}`: the interval must be between 1 and 3600 seconds"
+        )),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<f64, String> {

@@ -373,21 +373,8 @@ pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryErr
 /// [`identity::resolve`]; a process that vanished mid-inspection still gets a name (its
 /// samples so far are kept) from its command line.
 fn identity_of(pid: u32, version: &str, command: &str) -> ProcessLabels {
-    identity::resolve(pid, version).unwrap_or_else(|_| {
-        let comm = command
-            .split_whitespace()
-            .next()
-            .unwrap_or("python")
-            .to_string();
-        ProcessLabels {
-            pid,
-            service_name: comm.clone(),
-            service_source: identity::ServiceSource::Comm,
-            comm,
-            container_id: None,
-            python_version: version.to_string(),
-        }
-    })
+    identity::resolve(pid, version)
+        .unwrap_or_else(|_| ProcessLabels::from_command(pid, version, command))
 }
 
 /// [`inspect`] for a pid the user named (`-p`): also refuses a thread id, and when the pid is

@@ -130,7 +130,8 @@ pub trait Sink {
         None
     }
 
-    fn on_input(&mut self, _input: Self::Input) -> Result<Flow> {
+    /// One input, with the session as it is now (the agent's `/metrics` reads its counters).
+    fn on_input(&mut self, _session: &Session, _input: Self::Input) -> Result<Flow> {
         Ok(Flow::Continue)
     }
 }
@@ -322,7 +323,7 @@ pub async fn run<S: Sink>(options: &Options, session: &mut Session, sink: &mut S
                 }
             }
             event = input_due => {
-                if sink.on_input(event)? == Flow::Stop {
+                if sink.on_input(session, event)? == Flow::Stop {
                     break Stop::Sink;
                 }
             }

@@ -149,7 +149,11 @@ fn idle_thread_walk_survives_hostile_memory() {
                 runtime: arena.word(&mut rng),
                 layout,
                 ns_pid: None,
-                container: None,
+                identity: std::sync::Arc::new(crate::identity::ProcessLabels::from_command(
+                    std::process::id(),
+                    "3.x",
+                    "hostile",
+                )),
             };
             let mut budget = 64;
             let _ = idle.sample_process(&proc, 1, &mut budget);

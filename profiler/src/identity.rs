@@ -86,6 +86,24 @@ pub struct ProcessLabels {
     pub python_version: String,
 }
 
+impl ProcessLabels {
+    /// What a short command line alone says: for a process whose `/proc` entries are gone.
+    pub fn from_command(pid: u32, python_version: &str, command: &str) -> ProcessLabels {
+        let comm = cap(
+            basename(command.split_whitespace().next().unwrap_or("python")),
+            MAX_DERIVED_VALUE,
+        );
+        ProcessLabels {
+            pid,
+            service_name: comm.clone(),
+            service_source: ServiceSource::Comm,
+            comm,
+            container_id: None,
+            python_version: python_version.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     #[error("process {pid} is gone")]
@@ -975,6 +993,15 @@ impl OperatorLabels {
             .map(|a| parse_label(a.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         OperatorLabels::new(pairs)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// By name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }
 

@@ -17,6 +17,7 @@ fn main() {
         Command::Record(args) => profiler::record::run(args),
         Command::Top(args) => profiler::top::run(args),
         Command::Check(args) => profiler::check::run(args),
+        Command::Agent(args) => profiler::agent::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

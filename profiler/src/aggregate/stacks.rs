@@ -12,6 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::labels::{process_labels, Label, LabelSetId};
 use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
+use crate::discovery::PythonProcess;
 use crate::session::{PyFrame, Resolved, Session};
 
 /// Entries of each per-thread cache before it is emptied.
@@ -105,8 +106,9 @@ impl Aggregator {
         }
     }
 
-    /// Adds one resolved sample; `command` is its process's short command line.
-    pub fn add(&mut self, sample: &Resolved, command: &str) {
+    /// Adds one resolved sample of `process`.
+    pub fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+        let command = process.command.as_str();
         if self.gil_only && !sample.holds_gil {
             self.gil_dropped += sample.weight;
             return;
@@ -175,7 +177,7 @@ impl Aggregator {
             );
         }
         let labels = if self.labeled {
-            self.label_set(sample.pid, sample.tid, command)
+            self.label_set(sample.pid, sample.tid, process)
         } else {
             NO_LABELS
         };
@@ -184,7 +186,7 @@ impl Aggregator {
     }
 
     /// The label set of a thread's samples, built on its first sample.
-    fn label_set(&mut self, pid: u32, tid: u32, command: &str) -> LabelSetId {
+    fn label_set(&mut self, pid: u32, tid: u32, process: &PythonProcess) -> LabelSetId {
         if let Some(&id) = self.label_sets.get(&(pid, tid)) {
             return id;
         }
@@ -193,12 +195,17 @@ impl Aggregator {
             Label::num("tid", tid.into()),
             Label::str("thread_name", thread_name(pid, tid)),
         ];
-        match self.process_labels.get(&pid) {
-            Some(known) => labels.extend(known.iter().map(|(k, v)| Label::str(k, v.as_str()))),
-            // Not noted yet (a sample can precede the next `note_processes`): what the sample
-            // itself says.
-            None => labels.push(Label::str("process", command)),
-        }
+        // Not noted yet (a sample can precede the next `note_processes`, and the agent's
+        // windows never note): the labels of the process the sample came with.
+        let fresh;
+        let known = match self.process_labels.get(&pid) {
+            Some(known) => known,
+            None => {
+                fresh = process_labels(process);
+                &fresh
+            }
+        };
+        labels.extend(known.iter().map(|(k, v)| Label::str(k, v.as_str())));
         let id = self.profile.intern_labels(labels);
         bounded_insert(&mut self.label_sets, (pid, tid), id);
         id

@@ -49,7 +49,7 @@ impl Sink for Recorder {
     type Input = std::convert::Infallible;
 
     fn sample(&mut self, sample: &Resolved, process: &PythonProcess) {
-        self.aggregator.add(sample, &process.command);
+        self.aggregator.add(sample, process);
     }
 
     fn processes(&mut self, session: &Session, _added: &[u32], _gone: &[u32]) {

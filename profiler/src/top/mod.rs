@@ -263,7 +263,7 @@ impl Sink for Viewer {
         }
     }
 
-    fn on_input(&mut self, event: Self::Input) -> Result<Flow> {
+    fn on_input(&mut self, _session: &Session, event: Self::Input) -> Result<Flow> {
         if let Output::Live(live) = &mut self.output {
             if live.handle(event)? == render::Action::Quit {
                 return Ok(Flow::Stop);

@@ -68,15 +68,15 @@ fn start(mut cmd: Command, what: &str) -> Workload {
 }
 
 fn resolve(workload: &Workload, interp: &Interpreter) -> ProcessLabels {
-    labels::resolve(workload.pid(), &version(interp))
+    identity::resolve(workload.pid(), &version(interp))
         .unwrap_or_else(|e| panic!("resolving pid {}: {e}", workload.pid()))
 }
 
 /// The name a process gets when it is named by its program, here: in a container (when the
 /// tests themselves run in one) the container's short id comes first.
 fn program_or_container(program: &str) -> (String, ServiceSource) {
-    match labels::container_id(std::process::id()) {
-        Some(id) => (labels::short_id(&id).to_string(), ServiceSource::Container),
+    match identity::container_id(std::process::id()) {
+        Some(id) => (identity::short_id(&id).to_string(), ServiceSource::Container),
         None => (program.to_string(), ServiceSource::Program),
     }
 }
@@ -124,7 +124,7 @@ fn the_environment_names_a_service_first() {
             assert_eq!(found.pid, workload.pid());
             assert_eq!(found.comm, comm_of(&interp.exe), "{what}");
             assert_eq!(found.python_version, version(&interp));
-            assert_eq!(found.container_id, labels::container_id(std::process::id()));
+            assert_eq!(found.container_id, identity::container_id(std::process::id()));
         }
 
         // Without them, the script names it.
@@ -218,7 +218,7 @@ fn console_scripts_name_their_app_or_themselves() {
 
             // And the series Pyroscope gets for it.
             let operator = OperatorLabels::parse(&["env=test"]).unwrap();
-            let host = labels::hostname().unwrap();
+            let host = identity::hostname().unwrap();
             let series = Labels::new(&found, &host, &operator);
             let pairs = series.series();
             assert_eq!(pairs[0], ("__name__", "process_cpu"));
@@ -243,7 +243,7 @@ fn a_process_that_is_gone_is_an_error() {
     let pid = child.id();
     child.wait().unwrap();
     assert!(matches!(
-        labels::resolve(pid, "3.12"),
-        Err(labels::ResolveError::Gone { .. })
+        identity::resolve(pid, "3.12"),
+        Err(identity::ResolveError::Gone { .. })
     ));
 }

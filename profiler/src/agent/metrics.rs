@@ -1,0 +1,311 @@
+//! `/metrics`: the agent's counters in the Prometheus/OpenMetrics text format, encoded by
+//! `prometheus-client`.
+//!
+//! The counters live where they are counted (the session, the kernel's stats map, the windows,
+//! the pusher); a scrape takes a [`Snapshot`] of them and moves the registry's counters up to
+//! it, so a counter here never goes down and never drifts from its source.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::agent::push::PushStats;
+
+/// The OpenMetrics content type `prometheus-client` encodes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// The agent's counters at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub samples: u64,
+    pub truncated: u64,
+    /// (reason, samples lost).
+    pub dropped: Vec<(&'static str, u64)>,
+    /// (kind, count).
+    pub errors: Vec<(&'static str, u64)>,
+    pub processes: u64,
+    pub processes_profiled: u64,
+    pub services: u64,
+    pub windows: u64,
+    pub cpu_user_seconds: f64,
+    pub cpu_system_seconds: f64,
+    /// `None` where the kernel keeps no BPF run-time statistics.
+    pub cpu_bpf_seconds: Option<f64>,
+    pub resident_bytes: u64,
+    pub push: Option<PushStats>,
+    pub pull_served: u64,
+    pub pull_refused: u64,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    samples: Counter,
+    truncated: Counter,
+    dropped: Family<Labels, Counter>,
+    errors: Family<Labels, Counter>,
+    processes: Gauge,
+    processes_profiled: Counter,
+    services: Gauge,
+    windows: Counter,
+    cpu: Family<Labels, Counter<f64, AtomicU64>>,
+    resident: Gauge,
+    exports: Family<Labels, Counter>,
+    export_drops: Family<Labels, Counter>,
+    queue: Gauge,
+    queue_bytes: Gauge,
+    pulls: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("pyebpf");
+        let m = Metrics {
+            samples: Counter::default(),
+            truncated: Counter::default(),
+            dropped: Family::default(),
+            errors: Family::default(),
+            processes: Gauge::default(),
+            processes_profiled: Counter::default(),
+            services: Gauge::default(),
+            windows: Counter::default(),
+            cpu: Family::default(),
+            resident: Gauge::default(),
+            exports: Family::default(),
+            export_drops: Family::default(),
+            queue: Gauge::default(),
+            queue_bytes: Gauge::default(),
+            pulls: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("samples", "Python stacks sampled", m.samples.clone());
+        registry.register(
+            "truncated_stacks",
+            "Samples whose stack could not be read whole",
+            m.truncated.clone(),
+        );
+        registry.register(
+            "dropped_samples",
+            "Samples lost, by reason: ring_buffer (userspace too slow), services_limit, stack_limit (merged into <stacks over limit>)",
+            m.dropped.clone(),
+        );
+        registry.register(
+            "errors",
+            "Errors, by kind: read (target memory the kernel could not read), unknown_frame, malformed_record, proc_events_lost",
+            m.errors.clone(),
+        );
+        registry.register(
+            "processes",
+            "Python processes being profiled now",
+            m.processes.clone(),
+        );
+        registry.register(
+            "processes_profiled",
+            "Python processes profiled since the agent started",
+            m.processes_profiled.clone(),
+        );
+        registry.register(
+            "services",
+            "Services with samples in the current window",
+            m.services.clone(),
+        );
+        registry.register(
+            "windows",
+            "Profiles cut (one per service per interval)",
+            m.windows.clone(),
+        );
+        registry.register(
+            "cpu_seconds",
+            "The agent's own CPU time, by mode: user, system, bpf (the sampler in the kernel; absent where the kernel keeps no BPF statistics)",
+            m.cpu.clone(),
+        );
+        registry.register(
+            "resident_memory_bytes",
+            "The agent's resident memory",
+            m.resident.clone(),
+        );
+        registry.register(
+            "exports",
+            "Profiles pushed, by backend and result: ok, rejected (4xx), retries_exhausted",
+            m.exports.clone(),
+        );
+        registry.register(
+            "export_dropped",
+            "Profiles dropped before they were sent, by reason: queue_full, too_large",
+            m.export_drops.clone(),
+        );
+        registry.register(
+            "push_queue_depth",
+            "Profiles waiting to be pushed",
+            m.queue.clone(),
+        );
+        registry.register(
+            "push_queue_bytes",
+            "Bytes of profiles waiting to be pushed",
+            m.queue_bytes.clone(),
+        );
+        registry.register(
+            "pull_profiles",
+            "/debug/pprof/profile requests, by result: served, refused",
+            m.pulls.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+/// Moves a counter up to `total` (its source only grows; a smaller total is ignored).
+fn raise(counter: &Counter, total: u64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
+}
+
+fn raise_f64(counter: &Counter<f64, AtomicU64>, total: f64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
+    }
+}
+
+fn gauge(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// The text of a scrape showing `snapshot`.
+    pub fn render(&self, snapshot: &Snapshot) -> String {
+        raise(&self.samples, snapshot.samples);
+        raise(&self.truncated, snapshot.truncated);
+        for &(reason, n) in &snapshot.dropped {
+            raise(&self.dropped.get_or_create(&vec![("reason", reason)]), n);
+        }
+        for &(kind, n) in &snapshot.errors {
+            raise(&self.errors.get_or_create(&vec![("kind", kind)]), n);
+        }
+        self.processes.set(gauge(snapshot.processes));
+        raise(&self.processes_profiled, snapshot.processes_profiled);
+        self.services.set(gauge(snapshot.services));
+        raise(&self.windows, snapshot.windows);
+        raise_f64(
+            &self.cpu.get_or_create(&vec![("mode", "user")]),
+            snapshot.cpu_user_seconds,
+        );
+        raise_f64(
+            &self.cpu.get_or_create(&vec![("mode", "system")]),
+            snapshot.cpu_system_seconds,
+        );
+        if let Some(bpf) = snapshot.cpu_bpf_seconds {
+            raise_f64(&self.cpu.get_or_create(&vec![("mode", "bpf")]), bpf);
+        }
+        self.resident.set(gauge(snapshot.resident_bytes));
+        if let Some(push) = &snapshot.push {
+            let export = |result| vec![("backend", "pyroscope"), ("result", result)];
+            raise(&self.exports.get_or_create(&export("ok")), push.ok);
+            for (reason, n) in push.failed() {
+                raise(&self.exports.get_or_create(&export(reason)), n);
+            }
+            for (reason, n) in push.dropped() {
+                raise(
+                    &self
+                        .export_drops
+                        .get_or_create(&vec![("backend", "pyroscope"), ("reason", reason)]),
+                    n,
+                );
+            }
+            self.queue.set(gauge(push.queued as u64));
+            self.queue_bytes.set(gauge(push.queued_bytes as u64));
+        }
+        raise(
+            &self.pulls.get_or_create(&vec![("result", "served")]),
+            snapshot.pull_served,
+        );
+        raise(
+            &self.pulls.get_or_create(&vec![("result", "refused")]),
+            snapshot.pull_refused,
+        );
+        let mut text = String::new();
+        // Encoding into a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// The agent's own CPU time so far: (user, system) seconds, all threads.
+pub fn own_cpu() -> (f64, f64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (secs(usage.user_time()), secs(usage.system_time()))
+        }
+        Err(_) => (0.0, 0.0),
+    }
+}
+
+/// The agent's resident memory, from `/proc/self/statm`.
+pub fn own_rss() -> u64 {
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as u64;
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, line_start: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+    }
+
+    #[test]
+    fn counters_follow_their_sources_and_never_go_down() {
+        let m = Metrics::default();
+        let mut s = Snapshot {
+            samples: 10,
+            dropped: vec![("ring_buffer", 2)],
+            cpu_user_seconds: 0.5,
+            cpu_bpf_seconds: Some(0.25),
+            processes: 3,
+            ..Default::default()
+        };
+        let text = m.render(&s);
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(value(&text, "pyebpf_samples_total "), 10.0);
+        assert_eq!(
+            value(
+                &text,
+                "pyebpf_dropped_samples_total{reason=\"ring_buffer\"} "
+            ),
+            2.0
+        );
+        assert_eq!(
+            value(&text, "pyebpf_cpu_seconds_total{mode=\"user\"} "),
+            0.5
+        );
+        assert_eq!(
+            value(&text, "pyebpf_cpu_seconds_total{mode=\"bpf\"} "),
+            0.25
+        );
+        assert_eq!(value(&text, "pyebpf_processes "), 3.0);
+        s.samples = 25;
+        s.processes = 1;
+        assert_eq!(value(&m.render(&s), "pyebpf_samples_total "), 25.0);
+        s.samples = 5;
+        let text = m.render(&s);
+        assert_eq!(value(&text, "pyebpf_samples_total "), 25.0);
+        assert_eq!(value(&text, "pyebpf_processes "), 1.0);
+        assert!(!text.contains("backend=\"pyroscope\""));
+    }
+}

@@ -1,0 +1,316 @@
+//! The agent's windows: every `--interval`, one profile per service, and the labels of the
+//! series it is pushed to.
+//!
+//! A service is what [`crate::identity`] named the process (or an operator's `service_name`
+//! label). Its series carries `__name__`, `service_name`, `hostname`, `python_version` and the
+//! operator's labels, and also `pid`, `comm` and `container_id` when every process of the
+//! window agrees on them (one process, or one container): a pool of gunicorn workers is one
+//! series, not one per worker, while its samples keep `pid` and `tid` as pprof labels.
+//!
+//! Bounds: at most [`MAX_SERVICES`] services per window (samples of others are counted in
+//! [`Windows::services_over_limit`] and left out), and at most [`MAX_WINDOW_STACKS`] distinct
+//! (labels, stack) keys per service (more go to one `<stacks over limit>` stack, counted).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+
+use crate::aggregate::stacks::Aggregator;
+use crate::aggregate::{Profile, Timing};
+use crate::discovery::PythonProcess;
+use crate::identity::{OperatorLabels, ProcessLabels, PROFILE_NAME};
+use crate::output::pprof;
+use crate::proto::push::v1 as push;
+use crate::proto::types::v1 as types;
+use crate::session::Resolved;
+
+/// Services with a profile in one window.
+pub const MAX_SERVICES: usize = 256;
+/// Distinct (labels, stack) keys of one service's profile in one window. At 19 Hz a 15 s
+/// window of a 64-CPU host holds at most ~18 k samples, so the cap only bites on pathological
+/// stack churn.
+pub const MAX_WINDOW_STACKS: usize = 8192;
+/// Processes a window keeps labels of, per service.
+const MAX_PROCESSES: usize = 4096;
+
+/// A profile being filled, and whom it covers.
+pub struct Window {
+    aggregator: Aggregator,
+    processes: BTreeMap<u32, Arc<ProcessLabels>>,
+}
+
+impl Window {
+    pub fn new(stack_limit: usize) -> Window {
+        Window {
+            aggregator: Aggregator::new(Profile::with_stack_limit(stack_limit), false, false)
+                .with_labels(true),
+            processes: BTreeMap::new(),
+        }
+    }
+
+    pub fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+        if self.processes.len() < MAX_PROCESSES {
+            self.processes
+                .entry(process.pid)
+                .or_insert_with(|| Arc::clone(&process.identity));
+        }
+        self.aggregator.add(sample, process);
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.aggregator.profile.samples
+    }
+
+    /// The gzipped pprof of what was collected since `started`.
+    pub fn pprof(self, started: SystemTime, elapsed: Duration, rate_hz: u64) -> (Vec<u8>, Stats) {
+        let mut profile = self.aggregator.profile;
+        profile.timing = Timing {
+            start_unix_ns: started
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+            duration_ns: elapsed.as_nanos() as u64,
+            period_ns: 1_000_000_000 / rate_hz.max(1),
+        };
+        let stats = Stats {
+            samples: profile.samples,
+            over_limit: profile.over_limit,
+        };
+        let mut bytes = Vec::new();
+        // Writing to a Vec fails only on allocation failure, which aborts anyway.
+        let _ = pprof::write(&profile, "pyebpf agent", &mut bytes);
+        (bytes, stats)
+    }
+}
+
+/// Counts of one cut profile.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub samples: u64,
+    pub over_limit: u64,
+}
+
+/// One service's profile of a window, ready to push.
+pub struct Cut {
+    pub service: String,
+    pub labels: Vec<(String, String)>,
+    pub pprof: Vec<u8>,
+    pub samples: u64,
+}
+
+impl Cut {
+    /// The Pyroscope `PushRequest` holding this profile.
+    pub fn push_request(&self) -> Vec<u8> {
+        push::PushRequest {
+            series: vec![push::RawProfileSeries {
+                labels: self
+                    .labels
+                    .iter()
+                    .map(|(name, value)| types::LabelPair {
+                        name: name.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                samples: vec![push::RawSample {
+                    raw_profile: self.pprof.clone(),
+                    id: String::new(),
+                }],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    }
+}
+
+/// The current window of every service.
+pub struct Windows {
+    by_service: BTreeMap<String, Window>,
+    started: SystemTime,
+    started_at: Instant,
+    hostname: String,
+    operator: OperatorLabels,
+    /// Samples left out because [`MAX_SERVICES`] services already had a window.
+    pub services_over_limit: u64,
+    /// Samples that went to `<stacks over limit>`, over all cut windows.
+    pub stacks_over_limit: u64,
+    /// Windows cut (one per service with samples).
+    pub cut: u64,
+}
+
+impl Windows {
+    pub fn new(hostname: String, operator: OperatorLabels) -> Windows {
+        Windows {
+            by_service: BTreeMap::new(),
+            started: SystemTime::now(),
+            started_at: Instant::now(),
+            hostname,
+            operator,
+            services_over_limit: 0,
+            stacks_over_limit: 0,
+            cut: 0,
+        }
+    }
+
+    pub fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+        let service = service_of(&self.operator, process);
+        if let Some(window) = self.by_service.get_mut(service) {
+            window.add(sample, process);
+            return;
+        }
+        if self.by_service.len() >= MAX_SERVICES {
+            self.services_over_limit += sample.weight;
+            return;
+        }
+        let service = service.to_string();
+        let mut window = Window::new(MAX_WINDOW_STACKS);
+        window.add(sample, process);
+        self.by_service.insert(service, window);
+    }
+
+    pub fn services(&self) -> usize {
+        self.by_service.len()
+    }
+
+    pub fn age(&self) -> Duration {
+        self.started_at.elapsed()
+    }
+
+    /// Ends the window: one profile per service that has samples, and a new window starts.
+    pub fn cut(&mut self, rate_hz: u64) -> Vec<Cut> {
+        let elapsed = self.started_at.elapsed();
+        let started = self.started;
+        self.started = SystemTime::now();
+        self.started_at = Instant::now();
+        let mut cuts = Vec::new();
+        for (service, window) in std::mem::take(&mut self.by_service) {
+            if window.samples() == 0 {
+                continue;
+            }
+            let labels = self.series_labels(&service, window.processes.values());
+            let (pprof, stats) = window.pprof(started, elapsed, rate_hz);
+            self.stacks_over_limit += stats.over_limit;
+            self.cut += 1;
+            cuts.push(Cut {
+                service,
+                labels,
+                pprof,
+                samples: stats.samples,
+            });
+        }
+        cuts
+    }
+
+    /// `__name__` and `service_name` first, then the rest by name; an operator's label wins.
+    fn series_labels<'a>(
+        &self,
+        service: &str,
+        processes: impl Iterator<Item = &'a Arc<ProcessLabels>> + Clone,
+    ) -> Vec<(String, String)> {
+        let mut labels = BTreeMap::new();
+        let mut set = |name: &str, value: Option<String>| {
+            if let Some(value) = value.filter(|v| !v.is_empty()) {
+                labels.insert(name.to_string(), value);
+            }
+        };
+        set("hostname", Some(self.hostname.clone()));
+        set(
+            "pid",
+            common(processes.clone(), |p| Some(p.pid.to_string())),
+        );
+        set("comm", common(processes.clone(), |p| Some(p.comm.clone())));
+        set(
+            "python_version",
+            common(processes.clone(), |p| Some(p.python_version.clone())),
+        );
+        set(
+            "container_id",
+            common(processes, |p| p.container_id.clone()),
+        );
+        for (name, value) in self.operator.iter() {
+            set(name, Some(value.to_string()));
+        }
+        labels.remove("service_name");
+        let mut series = vec![
+            ("__name__".to_string(), PROFILE_NAME.to_string()),
+            ("service_name".to_string(), service.to_string()),
+        ];
+        series.extend(labels);
+        series
+    }
+}
+
+/// The service a process's samples go to: the operator's `service_name`, else its own.
+pub fn service_of<'a>(operator: &'a OperatorLabels, process: &'a PythonProcess) -> &'a str {
+    operator
+        .get("service_name")
+        .unwrap_or(&process.identity.service_name)
+}
+
+/// The value every process agrees on; `None` if they differ or one has none.
+fn common<'a>(
+    mut processes: impl Iterator<Item = &'a Arc<ProcessLabels>>,
+    value: impl Fn(&ProcessLabels) -> Option<String>,
+) -> Option<String> {
+    let first = value(processes.next()?)?;
+    processes
+        .all(|p| value(p).as_ref() == Some(&first))
+        .then_some(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::ServiceSource;
+
+    fn labels(pid: u32, comm: &str, container: Option<&str>) -> Arc<ProcessLabels> {
+        Arc::new(ProcessLabels {
+            pid,
+            comm: comm.into(),
+            service_name: "svc".into(),
+            service_source: ServiceSource::Program,
+            container_id: container.map(Into::into),
+            python_version: "3.12".into(),
+        })
+    }
+
+    fn windows(operator: &[&str]) -> Windows {
+        Windows::new("host1".into(), OperatorLabels::parse(operator).unwrap())
+    }
+
+    #[test]
+    fn one_process_names_its_pid_a_pool_does_not() {
+        let w = windows(&[]);
+        let one = [labels(7, "python3", Some("c1"))];
+        let series = w.series_labels("svc", one.iter());
+        let get = |s: &[(String, String)], k: &str| {
+            s.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        };
+        assert_eq!(series[0], ("__name__".into(), "process_cpu".into()));
+        assert_eq!(series[1], ("service_name".into(), "svc".into()));
+        assert_eq!(get(&series, "pid").as_deref(), Some("7"));
+        assert_eq!(get(&series, "container_id").as_deref(), Some("c1"));
+        assert_eq!(get(&series, "hostname").as_deref(), Some("host1"));
+        assert_eq!(get(&series, "python_version").as_deref(), Some("3.12"));
+
+        let pool = [
+            labels(7, "gunicorn", Some("c1")),
+            labels(8, "gunicorn", None),
+        ];
+        let series = w.series_labels("svc", pool.iter());
+        assert_eq!(get(&series, "pid"), None);
+        assert_eq!(get(&series, "container_id"), None);
+        assert_eq!(get(&series, "comm").as_deref(), Some("gunicorn"));
+    }
+
+    #[test]
+    fn operator_labels_win_and_service_name_stays_second() {
+        let w = windows(&["env=prod", "hostname=override"]);
+        let series = w.series_labels("svc", [labels(1, "p", None)].iter());
+        let names: Vec<&str> = series.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(&names[..2], ["__name__", "service_name"]);
+        assert!(series.contains(&("env".into(), "prod".into())));
+        assert!(series.contains(&("hostname".into(), "override".into())));
+        assert_eq!(names.iter().filter(|n| **n == "service_name").count(), 1);
+    }
+}
