@@ -57,6 +57,7 @@ pub struct Metrics {
     resident: Gauge,
     exports: Family<Labels, Counter>,
     export_drops: Family<Labels, Counter>,
+    export_retries: Family<Labels, Counter>,
     queue: Gauge,
     queue_bytes: Gauge,
     pulls: Family<Labels, Counter>,
@@ -78,6 +79,7 @@ impl Default for Metrics {
             resident: Gauge::default(),
             exports: Family::default(),
             export_drops: Family::default(),
+            export_retries: Family::default(),
             queue: Gauge::default(),
             queue_bytes: Gauge::default(),
             pulls: Family::default(),
@@ -138,6 +140,11 @@ impl Default for Metrics {
             "export_dropped",
             "Profiles dropped before they were sent, by reason: queue_full, too_large",
             m.export_drops.clone(),
+        );
+        registry.register(
+            "export_retries",
+            "Push attempts that failed and were retried, by backend and cause: connect, timeout, server (5xx), throttled (429)",
+            m.export_retries.clone(),
         );
         registry.register(
             "push_queue_depth",
@@ -215,6 +222,20 @@ impl Metrics {
                     &self
                         .export_drops
                         .get_or_create(&vec![("backend", "pyroscope"), ("reason", reason)]),
+                    n,
+                );
+            }
+            let e = &push.attempt_errors;
+            for (cause, n) in [
+                ("connect", e.connect),
+                ("timeout", e.timeout),
+                ("server", e.server),
+                ("throttled", e.throttled),
+            ] {
+                raise(
+                    &self
+                        .export_retries
+                        .get_or_create(&vec![("backend", "pyroscope"), ("cause", cause)]),
                     n,
                 );
             }

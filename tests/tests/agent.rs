@@ -1,0 +1,526 @@
+//! `pyebpf agent` end to end: the real BPF programs sampling real interpreters, its profiles
+//! read by `go tool pprof`, its pushes received on 127.0.0.1 by a server that decodes them
+//! with Pyroscope's own `push.proto` types and hands the profiles to `go tool pprof`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use tests::{interpreters_logged, marker_lines, one_line_error, pyebpf_bin, Running, Workload};
+
+use profiler::proto::push::v1::PushRequest;
+
+/// The agent's tests run one at a time: each samples the whole host, and workloads of one
+/// test would take CPU from another's.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// CPU seconds `pid` has used (utime + stime of `/proc/PID/stat`; 100 ticks a second).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+/// Starts the agent with `args`, listening on a free loopback port; its address.
+fn agent(args: &[&str]) -> (Running, String) {
+    let mut all = vec!["agent", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let mut running = Running::start(&all);
+    running.wait_for("serving /debug/pprof/profile", Duration::from_secs(60));
+    let line = running.stderr.last().unwrap().clone();
+    let addr = line
+        .rsplit("http://")
+        .next()
+        .expect("the agent names its address")
+        .trim()
+        .to_string();
+    (running, addr)
+}
+
+fn get(url: &str) -> (u16, String) {
+    let agent = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .build(),
+    );
+    let mut response = agent.get(url).call().expect("HTTP request");
+    let status = response.status().as_u16();
+    let body = response.body_mut().read_to_string().unwrap_or_default();
+    (status, body)
+}
+
+/// `go tool pprof ARGS` with no network and a private cache; its stdout.
+fn go_pprof(args: &[&str]) -> String {
+    let home = std::env::temp_dir().join(format!("pyebpf-test-go-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "-mod=mod")
+        .env("HOME", &home)
+        .env("GOCACHE", home.join("cache"))
+        .env("PPROF_TMPDIR", &home)
+        .output()
+        .expect("running `go tool pprof` (cargo xtask test installs Go)");
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Samples of a `go tool pprof -raw` listing: (count, location ids leaf first, labels).
+#[derive(Debug)]
+struct RawSample {
+    count: u64,
+    locations: Vec<u64>,
+    labels: String,
+}
+
+/// A `-raw` listing's samples and its locations (id → `function file:line`).
+fn parse_raw(raw: &str) -> (Vec<RawSample>, BTreeMap<u64, String>) {
+    let mut samples: Vec<RawSample> = Vec::new();
+    let mut locations = BTreeMap::new();
+    let mut section = "";
+    for line in raw.lines() {
+        match line.trim_end() {
+            "Samples:" | "Locations" | "Mappings" => {
+                section = line.trim_end();
+                continue;
+            }
+            _ => {}
+        }
+        let t = line.trim();
+        match section {
+            "Samples:" => {
+                if let Some((count, rest)) = t.split_once(':') {
+                    let mut counts = count.split_whitespace();
+                    if let Some(Ok(n)) = counts.next().map(str::parse::<u64>) {
+                        samples.push(RawSample {
+                            count: n,
+                            locations: rest
+                                .split_whitespace()
+                                .filter_map(|l| l.parse().ok())
+                                .collect(),
+                            labels: String::new(),
+                        });
+                        continue;
+                    }
+                }
+                if let Some(last) = samples.last_mut() {
+                    last.labels.push_str(t);
+                    last.labels.push(' ');
+                }
+            }
+            "Locations" => {
+                // `1: 0x0 M=1 leaf /path/chain.py:8 s=6()`
+                if let Some((id, rest)) = t.split_once(':') {
+                    if let Ok(id) = id.trim().parse::<u64>() {
+                        let fields: Vec<&str> = rest.split_whitespace().collect();
+                        if fields.len() >= 4 {
+                            let file = fields[3].rsplit('/').next().unwrap_or(fields[3]);
+                            locations.insert(id, format!("{} {file}", fields[2]));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (samples, locations)
+}
+
+/// The chain.py stack as `-raw` shows it, leaf first.
+fn chain_frames() -> Vec<String> {
+    let lines = marker_lines("chain.py");
+    ["leaf", "mid", "top", "module"]
+        .iter()
+        .map(|m| {
+            let f = if *m == "module" { "<module>" } else { m };
+            format!("{f} chain.py:{}", lines[*m])
+        })
+        .collect()
+}
+
+fn frames_of(sample: &RawSample, locations: &BTreeMap<u64, String>) -> Vec<String> {
+    sample
+        .locations
+        .iter()
+        .map(|id| locations.get(id).cloned().unwrap_or_default())
+        .collect()
+}
+
+/// A pull for one pid is what `go tool pprof` fetches: the chain, leaf first, only that pid,
+/// labelled; the `service=` filter keeps only that service.
+#[test]
+fn pull_is_read_by_go_tool_pprof_and_filters() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let chain = Workload::start(interp, "chain.py", &[]);
+    let mut other_cmd = interp.command(&tests::workloads_dir().join("split.py"), &[]);
+    other_cmd.env("OTEL_SERVICE_NAME", "checkout");
+    let other = Workload::start_command(other_cmd, "split.py");
+    let (running, addr) = agent(&[]);
+
+    let url = format!(
+        "http://{addr}/debug/pprof/profile?seconds=4&pid={}",
+        chain.pid()
+    );
+    let cpu_before = cpu_seconds(chain.pid());
+    let raw = go_pprof(&["-raw", &url]);
+    let cpu = cpu_seconds(chain.pid()) - cpu_before;
+    let (samples, locations) = parse_raw(&raw);
+    let total: u64 = samples.iter().map(|s| s.count).sum();
+    let exact: u64 = samples
+        .iter()
+        .filter(|s| frames_of(s, &locations) == chain_frames())
+        .map(|s| s.count)
+        .sum();
+    // 19 Hz over the CPU time the process had (the pull starts and ends within the window
+    // `cpu` was measured over, which is a little longer).
+    // Random subsampling makes the count itself random: at 60 samples one standard deviation
+    // is 13 %.
+    let expected = cpu * 19.0;
+    assert!(
+        expected >= 20.0 && (0.6 * expected..=1.3 * expected).contains(&(total as f64)),
+        "{total} samples for {cpu:.2} s of CPU at 19 Hz:\n{raw}"
+    );
+    assert!(exact * 100 >= total * 95, "{exact}/{total} exact:\n{raw}");
+    assert!(raw.contains("PeriodType: cpu nanoseconds"), "{raw}");
+    for s in &samples {
+        assert!(
+            s.labels.contains(&format!("pid:[{}]", chain.pid())),
+            "a sample of another process in a pid={} pull: {s:?}",
+            chain.pid()
+        );
+        assert!(s.labels.contains("service_name:[chain]"), "{s:?}");
+    }
+
+    let url = format!("http://{addr}/debug/pprof/profile?seconds=3&service=checkout");
+    let raw = go_pprof(&["-raw", &url]);
+    let (samples, _) = parse_raw(&raw);
+    assert!(samples.iter().map(|s| s.count).sum::<u64>() >= 15, "{raw}");
+    assert!(
+        samples
+            .iter()
+            .all(|s| s.labels.contains(&format!("pid:[{}]", other.pid()))
+                && s.labels.contains("service_name:[checkout]")),
+        "{raw}"
+    );
+
+    let (status, body) = get(&format!("http://{addr}/debug/pprof/profile?seconds=0"));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("from 1 to 300"), "{body}");
+    running.signal("TERM");
+    let (status, stderr) = running.finish(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+}
+
+/// Prometheus samples of a scrape: `name{labels}` → value.
+fn scrape(addr: &str) -> BTreeMap<String, f64> {
+    let (status, text) = get(&format!("http://{addr}/metrics"));
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("# EOF\n"), "not OpenMetrics: {text}");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `/metrics` counts what happens: samples and the agent's own CPU go up between scrapes,
+/// the watched process is counted, and `/healthz` answers from the loop.
+#[test]
+fn metrics_move_and_health_answers() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let _chain = Workload::start(interp, "chain.py", &[]);
+    let (running, addr) = agent(&["--rate", "49"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let first = scrape(&addr);
+    let cpu_before = cpu_seconds(_chain.pid());
+    std::thread::sleep(Duration::from_secs(3));
+    let cpu = cpu_seconds(_chain.pid()) - cpu_before;
+    // Samples are counted once a second, when the agent drains the kernel's buffer.
+    std::thread::sleep(Duration::from_millis(1100));
+    let second = scrape(&addr);
+    let v = |m: &BTreeMap<String, f64>, k: &str| -> f64 {
+        *m.get(k).unwrap_or_else(|| panic!("no {k} in {m:#?}"))
+    };
+    let grew = v(&second, "pyebpf_samples_total") - v(&first, "pyebpf_samples_total");
+    // 49 Hz over the process's CPU time, give or take the second of undrained samples at
+    // either end.
+    assert!(
+        grew >= 0.6 * cpu * 49.0 && grew <= 1.4 * (cpu + 1.0) * 49.0,
+        "samples grew by {grew} over {cpu:.2} s of CPU at 49 Hz"
+    );
+    assert!(v(&second, "pyebpf_processes") >= 1.0);
+    assert!(v(&second, "pyebpf_processes_profiled_total") >= 1.0);
+    assert!(
+        v(&second, "pyebpf_cpu_seconds_total{mode=\"user\"}")
+            > v(&first, "pyebpf_cpu_seconds_total{mode=\"user\"}") - 1e-9
+    );
+    assert!(v(&second, "pyebpf_cpu_seconds_total{mode=\"bpf\"}") > 0.0);
+    assert!(v(&second, "pyebpf_resident_memory_bytes") > 1e6);
+    assert_eq!(
+        v(
+            &second,
+            "pyebpf_dropped_samples_total{reason=\"ring_buffer\"}"
+        ),
+        0.0
+    );
+    let (status, body) = get(&format!("http://{addr}/healthz"));
+    assert_eq!((status, body.trim()), (200, "ok"));
+    running.signal("TERM");
+    let (status, stderr) = running.finish(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+}
+
+/// What a Pyroscope receiver got: every request's decoded series, and its HTTP details.
+#[derive(Default)]
+struct Received {
+    requests: Vec<(String, Option<String>, PushRequest)>,
+    /// Answers still to give before 200s: status codes.
+    script: Vec<u16>,
+}
+
+/// A push receiver on 127.0.0.1: decodes `PushRequest`s with the upstream proto's types.
+fn receiver(script: Vec<u16>) -> (SocketAddr, Arc<Mutex<Received>>) {
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+    let state = Arc::new(Mutex::new(Received {
+        script,
+        ..Default::default()
+    }));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shared = state.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route(
+                    "/push.v1.PusherService/Push",
+                    post(
+                        |State(state): State<Arc<Mutex<Received>>>,
+                         headers: HeaderMap,
+                         body: Bytes| async move {
+                            let mut state = state.lock().unwrap();
+                            if !state.script.is_empty() {
+                                let status = state.script.remove(0);
+                                return StatusCode::from_u16(status).unwrap();
+                            }
+                            let ctype = headers
+                                .get("content-type")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_string();
+                            let tenant = headers
+                                .get("x-scope-orgid")
+                                .and_then(|v| v.to_str().ok())
+                                .map(String::from);
+                            match PushRequest::decode(body.as_ref()) {
+                                Ok(request) => {
+                                    state.requests.push((ctype, tenant, request));
+                                    StatusCode::OK
+                                }
+                                Err(_) => StatusCode::BAD_REQUEST,
+                            }
+                        },
+                    ),
+                )
+                .with_state(shared);
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (addr, state)
+}
+
+/// Writes a pushed profile where `go tool pprof` can read it.
+fn save(raw_profile: &[u8], n: usize) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "pyebpf-test-{}-pushed-{n}.pb.gz",
+        std::process::id()
+    ));
+    std::fs::write(&path, raw_profile).unwrap();
+    path
+}
+
+fn label<'a>(
+    series: &'a profiler::proto::push::v1::RawProfileSeries,
+    name: &str,
+) -> Option<&'a str> {
+    series
+        .labels
+        .iter()
+        .find(|l| l.name == name)
+        .map(|l| l.value.as_str())
+}
+
+/// Windows reach a Pyroscope receiver through two 503s (retried, counted), as `PushRequest`s
+/// whose series carry the agent's and the operator's labels and whose profiles `go tool
+/// pprof` reads with the chain in them.
+#[test]
+fn pushes_reach_pyroscope_through_failures() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let mut cmd = interp.command(&tests::workloads_dir().join("chain.py"), &[]);
+    cmd.env("OTEL_SERVICE_NAME", "payments");
+    let chain = Workload::start_command(cmd, "chain.py");
+    let (recv, received) = receiver(vec![503, 503]);
+    let url = format!("http://{recv}");
+    let (running, addr) = agent(&[
+        "--interval",
+        "2",
+        "--pyroscope",
+        &url,
+        "--tenant",
+        "team-a",
+        "--label",
+        "env=test",
+    ]);
+    // Two 503s cost about 1 + 2 s of backoff; windows keep coming meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while received.lock().unwrap().requests.len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let metrics = scrape(&addr);
+    running.signal("TERM");
+    let (status, stderr) = running.finish(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let retried = metrics
+        .get("pyebpf_export_retries_total{backend=\"pyroscope\",cause=\"server\"}")
+        .copied();
+    assert_eq!(retried, Some(2.0), "{metrics:#?}");
+    assert!(
+        metrics["pyebpf_exports_total{backend=\"pyroscope\",result=\"ok\"}"] >= 1.0,
+        "{metrics:#?}"
+    );
+
+    let received = received.lock().unwrap();
+    assert!(received.requests.len() >= 3, "{stderr}");
+    let mut pushed = 0;
+    for (n, (ctype, tenant, request)) in received.requests.iter().enumerate() {
+        assert_eq!(ctype, "application/proto");
+        assert_eq!(tenant.as_deref(), Some("team-a"));
+        for series in &request.series {
+            if label(series, "service_name") != Some("payments") {
+                continue;
+            }
+            assert_eq!(label(series, "__name__"), Some("process_cpu"));
+            assert_eq!(label(series, "env"), Some("test"));
+            assert_eq!(label(series, "pid"), Some(chain.pid().to_string().as_str()));
+            let version = format!("{}.{}", interp.version.0, interp.version.1);
+            assert_eq!(label(series, "python_version"), Some(version.as_str()));
+            assert!(label(series, "hostname").is_some_and(|h| !h.is_empty()));
+            let names: Vec<&str> = series.labels.iter().map(|l| l.name.as_str()).collect();
+            assert_eq!(&names[..2], ["__name__", "service_name"]);
+            for sample in &series.samples {
+                let raw = go_pprof(&["-raw", save(&sample.raw_profile, n).to_str().unwrap()]);
+                let (samples, locations) = parse_raw(&raw);
+                let exact: u64 = samples
+                    .iter()
+                    .filter(|s| frames_of(s, &locations) == chain_frames())
+                    .map(|s| s.count)
+                    .sum();
+                pushed += exact;
+            }
+        }
+    }
+    // At least two windows of 2 s at 19 Hz, of a process that had at least half a CPU.
+    assert!(pushed >= 30, "{pushed} chain samples pushed; {stderr}");
+}
+
+/// SIGTERM pushes the window in progress (a long interval never ends on its own) and exits 0.
+#[test]
+fn sigterm_pushes_the_last_window() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let _chain = Workload::start(interp, "chain.py", &[]);
+    let (recv, received) = receiver(Vec::new());
+    let url = format!("http://{recv}");
+    let (running, addr) = agent(&["--interval", "600", "--pyroscope", &url]);
+    std::thread::sleep(Duration::from_secs(4));
+    let samples = scrape(&addr)["pyebpf_samples_total"];
+    running.signal("TERM");
+    let (status, stderr) = running.finish(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let received = received.lock().unwrap();
+    let series: Vec<_> = received
+        .requests
+        .iter()
+        .flat_map(|(_, _, r)| &r.series)
+        .collect();
+    assert_eq!(
+        series
+            .iter()
+            .filter(|s| label(s, "service_name") == Some("chain"))
+            .count(),
+        1,
+        "one window of chain.py, pushed at SIGTERM: {stderr}"
+    );
+    let mut pushed = 0;
+    for (n, s) in series.iter().enumerate() {
+        let raw = go_pprof(&[
+            "-raw",
+            save(&s.samples[0].raw_profile, 100 + n).to_str().unwrap(),
+        ]);
+        pushed += parse_raw(&raw).0.iter().map(|s| s.count).sum::<u64>();
+    }
+    // Everything counted before the signal is in the pushed windows, and more since.
+    assert!(
+        pushed as f64 >= samples && samples >= 20.0,
+        "pushed {pushed}, counted {samples} before SIGTERM"
+    );
+}
+
+/// Bad configuration is one line with the fix and exit code 2, before anything is loaded.
+#[test]
+fn bad_configuration_is_one_line_exit_2() {
+    for (args, expect) in [
+        (vec!["--label", "no-equals"], "--label"),
+        (vec!["--pyroscope", "ftp://host"], "--pyroscope"),
+        (vec!["--tenant", "x"], "--pyroscope URL"),
+        (vec!["--listen", "off"], "go nowhere"),
+        (vec!["--listen", "256.1.1.1:1"], "--listen"),
+    ] {
+        let out = Command::new(pyebpf_bin())
+            .arg("agent")
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            one_line_error(&stderr).contains(expect),
+            "{args:?}: {stderr}"
+        );
+    }
+}
