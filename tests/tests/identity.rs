@@ -76,7 +76,10 @@ fn resolve(workload: &Workload, interp: &Interpreter) -> ProcessLabels {
 /// tests themselves run in one) the container's short id comes first.
 fn program_or_container(program: &str) -> (String, ServiceSource) {
     match identity::container_id(std::process::id()) {
-        Some(id) => (identity::short_id(&id).to_string(), ServiceSource::Container),
+        Some(id) => (
+            identity::short_id(&id).to_string(),
+            ServiceSource::Container,
+        ),
         None => (program.to_string(), ServiceSource::Program),
     }
 }
@@ -124,7 +127,10 @@ fn the_environment_names_a_service_first() {
             assert_eq!(found.pid, workload.pid());
             assert_eq!(found.comm, comm_of(&interp.exe), "{what}");
             assert_eq!(found.python_version, version(&interp));
-            assert_eq!(found.container_id, identity::container_id(std::process::id()));
+            assert_eq!(
+                found.container_id,
+                identity::container_id(std::process::id())
+            );
         }
 
         // Without them, the script names it.
