@@ -25,6 +25,8 @@ pub trait Registrar {
     fn unregister(&mut self, pid: u32);
     /// True the first time `pid` is reported as unprofilable.
     fn first_warning(&mut self, pid: u32) -> bool;
+    /// `pid` exec'd: whatever the `/proc` scan concluded about its old image is void.
+    fn exec_seen(&mut self, pid: u32);
 }
 
 /// When an exec'd process is inspected, in milliseconds after its exec event arrived. The
@@ -97,6 +99,7 @@ impl Lifecycle {
     pub fn on_event(&mut self, bytes: &[u8], system_wide: bool, registrar: &mut dyn Registrar) {
         match self.decode(bytes) {
             Some(ProcChange::Exec(pid)) => {
+                registrar.exec_seen(pid);
                 let watched = registrar.is_watched(pid);
                 if watched {
                     // A new image: the old runtime address and code objects are meaningless.

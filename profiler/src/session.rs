@@ -47,7 +47,16 @@ pub struct Session {
     idle: Option<IdleSampler>,
     /// When `/proc` was last checked for watched processes that are gone.
     last_sweep: Instant,
+    /// Processes the scan found without Python mapped, and when: their maps are read again
+    /// only after [`NOT_PYTHON_RECHECK`] or an exec. Holds live pids only.
+    not_python: rustc_hash::FxHashMap<u32, Instant>,
 }
+
+/// How long a process without Python stays unread by the scan. Exec events announce new
+/// programs at once; what this delays is an interpreter embedded with `dlopen` long after
+/// its process started. Reading every process's maps every second was most of a quiet
+/// host's scan cost.
+pub const NOT_PYTHON_RECHECK: Duration = Duration::from_secs(10);
 
 /// Sizes of the session's per-process state, for leak checks and benchmarks.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -74,6 +83,7 @@ impl Session {
             gil: false,
             idle: None,
             last_sweep: Instant::now(),
+            not_python: Default::default(),
         })
     }
 
@@ -141,10 +151,25 @@ impl Session {
     /// unsupported interpreters are reported once each through `warn`.
     pub fn scan(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
         let mut added = Vec::new();
-        for pid in discovery::all_pids() {
-            if self.registry.contains(pid) || !discovery::looks_like_python(pid) {
+        let now = Instant::now();
+        let pids = discovery::all_pids();
+        // Forget the pids that are gone: the cache never outgrows /proc.
+        let live: rustc_hash::FxHashSet<u32> = pids.iter().copied().collect();
+        self.not_python.retain(|pid, _| live.contains(pid));
+        for pid in pids {
+            if self.registry.contains(pid) {
                 continue;
             }
+            if let Some(&at) = self.not_python.get(&pid) {
+                if now.duration_since(at) < NOT_PYTHON_RECHECK {
+                    continue;
+                }
+            }
+            if !discovery::looks_like_python(pid) {
+                self.not_python.insert(pid, now);
+                continue;
+            }
+            self.not_python.remove(&pid);
             match self.add(pid) {
                 Ok(_) => added.push(pid),
                 Err(e) if e.is_benign() => {}
@@ -324,5 +349,9 @@ impl Registrar for Session {
 
     fn first_warning(&mut self, pid: u32) -> bool {
         self.registry.first_warning(pid)
+    }
+
+    fn exec_seen(&mut self, pid: u32) {
+        self.not_python.remove(&pid);
     }
 }
