@@ -524,3 +524,53 @@ fn bad_configuration_is_one_line_exit_2() {
         );
     }
 }
+
+/// A backend that is down: the agent keeps sampling, retries with backoff and counts each
+/// failed attempt, keeps its queue bounded, and still exits 0 on SIGTERM within its flush
+/// timeout.
+#[test]
+fn a_dead_backend_is_retried_counted_and_does_not_hold_the_agent() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let _chain = Workload::start(interp, "chain.py", &[]);
+    // A port nobody listens on: bound, then closed.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{dead}");
+    let (running, addr) = agent(&[
+        "--interval",
+        "1",
+        "--pyroscope",
+        &url,
+        "--flush-timeout",
+        "2",
+    ]);
+    std::thread::sleep(Duration::from_secs(6));
+    let metrics = scrape(&addr);
+    let (status, health) = get(&format!("http://{addr}/healthz"));
+    assert_eq!(status, 200, "{health}");
+    let stopped = Instant::now();
+    running.signal("TERM");
+    let (status, stderr) = running.finish(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "took {:?} to stop with a dead backend",
+        stopped.elapsed()
+    );
+    let v = |k: &str| metrics.get(k).copied().unwrap_or(-1.0);
+    assert!(
+        v("pyebpf_export_retries_total{backend=\"pyroscope\",cause=\"connect\"}") >= 2.0,
+        "{metrics:#?}"
+    );
+    assert_eq!(
+        v("pyebpf_exports_total{backend=\"pyroscope\",result=\"ok\"}"),
+        0.0
+    );
+    assert!(v("pyebpf_windows_total") >= 4.0, "{metrics:#?}");
+    assert!(v("pyebpf_push_queue_depth") >= 1.0, "{metrics:#?}");
+    assert!(v("pyebpf_samples_total") >= 20.0, "{metrics:#?}");
+    assert!(stderr.contains("could not be pushed"), "{stderr}");
+}

@@ -99,6 +99,16 @@ pub const ROWS: &[Row] = &[
         },
     },
     Row {
+        // The agent's sampler runs with random subsampling (bpf_get_prandom_u32), which no
+        // other row loads; its last window reaches a push receiver.
+        id: "agent-push",
+        what: What::Test {
+            bin: "agent",
+            test: "sigterm_pushes_the_last_window",
+            interpreters: "debian",
+        },
+    },
+    Row {
         id: "exit-cleanup",
         what: What::Test {
             bin: "lifecycle",
@@ -496,6 +506,6 @@ mod tests {
             assert!(!row.id.contains(char::is_whitespace), "{}", row.id);
             assert!(ROWS[..i].iter().all(|r| r.id != row.id), "{}", row.id);
         }
-        assert_eq!(test_bins(), ["lifecycle", "record"]);
+        assert_eq!(test_bins(), ["agent", "lifecycle", "record"]);
     }
 }
