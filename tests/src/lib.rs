@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod pprof;
+
 /// Default location of the Debian sid root holding CPython 3.13–3.15 (`cargo xtask sidroot`).
 pub const DEFAULT_SID_ROOT: &str = "/var/cache/pyebpf/sid-root";
 
