@@ -87,7 +87,8 @@ pub enum Command {
             GET /healthz   ok while the sampling loop runs\n\n\
             Every flag can be set from the environment variable named after it \
             (PYEBPF_INTERVAL, PYEBPF_PYROSCOPE_URL, PYEBPF_LABELS=k=v,k=v, ...). Needs \
-            CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (see the systemd unit in \
+            root, or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE, plus CAP_DAC_READ_SEARCH to \
+            open interpreters installed behind private directories (see the systemd unit in \
             packaging/pyebpf-agent.service).",
         after_help = "Examples:\n  \
             sudo pyebpf agent --pyroscope http://pyroscope:4040\n  \
@@ -99,9 +100,9 @@ pub enum Command {
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
-    /// Samples per second per CPU. 19 Hz, as Parca's and Pyroscope's agents use: low enough
-    /// to cost well under 1% of a core on a busy host, a prime so it doesn't beat in step with
-    /// the 10 ms, 100 ms and 1 s timers applications run on.
+    /// Samples per second per CPU. 19 Hz, as Parca Agent's default: low enough to cost well
+    /// under 1% of a core on a busy host, and a prime, so it doesn't beat in step with the
+    /// 10 ms, 100 ms and 1 s timers applications run on.
     #[arg(short, long, value_name = "HZ", default_value_t = 19, env = "PYEBPF_RATE",
           value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub rate: u64,
