@@ -526,6 +526,16 @@ impl Running {
     }
 }
 
+impl Drop for Running {
+    /// A test that panics must not leave pyebpf sampling the host for the tests after it.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// A fresh temporary path `pyebpf-test-<pid>-<stem>-<n>.<ext>` (not created).
 pub fn temp_path(stem: &str, ext: &str) -> PathBuf {
     unique_path(stem, ext)
