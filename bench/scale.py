@@ -9,6 +9,8 @@ kernel map and userspace cache sizes before/peak/after, lifecycle counters, and 
 CPU (user+system, and BPF program run time with kernel.bpf_stats_enabled=1).
 
 Usage: sudo python3 bench/scale.py [--long 256] [--churn 50] [--seconds 60] [--pyebpf PATH]
+
+bench/agent.py runs `pyebpf agent` on the same workload (start_long_lived, churn).
 """
 import argparse
 import json
@@ -49,6 +51,59 @@ def interpreters():
     return found
 
 
+def start_long_lived(interps, count):
+    """COUNT mostly idle interpreters (bursty.py), round-robin over INTERPS, once all are ready:
+    [(Popen, label, tag)]."""
+    long_lived = []
+    started = time.monotonic()
+    for i in range(count):
+        label, argv, sdir = interps[i % len(interps)]
+        # One 3 ms burst per second: 256 of them need ~0.8 CPU of the VM's 2.
+        p = subprocess.Popen(
+            argv + [os.path.join(sdir, "bursty.py"), "1.0", "0.003", f"L{i}"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        long_lived.append((p, label, f"L{i}"))
+    for p, label, tag in long_lived:
+        if p.stdout.readline().strip() != "ready":
+            stop_long_lived(long_lived)
+            sys.exit(f"{label} {tag} did not start")
+    print(f"{count} long-lived interpreters ready in {time.monotonic() - started:.1f}s", flush=True)
+    return long_lived
+
+
+def stop_long_lived(long_lived):
+    for p, _, _ in long_lived:
+        p.kill()
+    for p, _, _ in long_lived:
+        p.wait()
+
+
+def churn(interps, per_second, seconds):
+    """PER_SECOND short-lived interpreters per second for SECONDS, each burning 20 ms over two
+    threads; waits for the last to exit. Returns (started, elapsed seconds)."""
+    churned = 0
+    t0 = time.monotonic()
+    running = []
+    while time.monotonic() - t0 < seconds:
+        due = int((time.monotonic() - t0) * per_second)
+        while churned < due:
+            label, argv, sdir = interps[churned % len(interps)]
+            running.append(subprocess.Popen(
+                argv + [os.path.join(sdir, "short_lived.py"), "0.02"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+            churned += 1
+        running = [p for p in running if p.poll() is None]
+        time.sleep(0.005)
+    elapsed = time.monotonic() - t0
+    for p in running:
+        p.wait()
+    print(f"churn: {churned} short-lived interpreters in {elapsed:.1f}s "
+          f"({churned / elapsed:.1f}/s)", flush=True)
+    return churned, elapsed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--long", type=int, default=256)
@@ -61,20 +116,7 @@ def main():
     print(f"interpreters: {', '.join(i[0] for i in interps)}", flush=True)
     subprocess.run(["sysctl", "-q", "kernel.bpf_stats_enabled=1"], check=False)
 
-    long_lived = []
-    started = time.monotonic()
-    for i in range(args.long):
-        label, argv, sdir = interps[i % len(interps)]
-        # One 3 ms burst per second: 256 of them need ~0.8 CPU of the VM's 2.
-        p = subprocess.Popen(
-            argv + [os.path.join(sdir, "bursty.py"), "1.0", "0.003", f"L{i}"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        long_lived.append((p, label, f"L{i}"))
-    for p, label, tag in long_lived:
-        if p.stdout.readline().strip() != "ready":
-            sys.exit(f"{label} {tag} did not start")
-    print(f"{args.long} long-lived interpreters ready in {time.monotonic() - started:.1f}s", flush=True)
+    long_lived = start_long_lived(interps, args.long)
 
     out = "/tmp/pyebpf-scale.txt"
     stats = "/tmp/pyebpf-scale.json"
@@ -85,31 +127,9 @@ def main():
         stderr=subprocess.PIPE, text=True,
     )
     time.sleep(5)
-    # Churn: CHURN short-lived interpreters per second, each burning 20 ms over two threads.
-    churned = 0
-    t0 = time.monotonic()
-    running = []
-    while time.monotonic() - t0 < args.seconds:
-        due = int((time.monotonic() - t0) * args.churn)
-        while churned < due:
-            label, argv, sdir = interps[churned % len(interps)]
-            running.append(subprocess.Popen(
-                argv + [os.path.join(sdir, "short_lived.py"), "0.02"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
-            churned += 1
-        running = [p for p in running if p.poll() is None]
-        time.sleep(0.005)
-    churn_elapsed = time.monotonic() - t0
-    for p in running:
-        p.wait()
-    print(f"churn: {churned} short-lived interpreters in {churn_elapsed:.1f}s "
-          f"({churned / churn_elapsed:.1f}/s)", flush=True)
+    churn(interps, args.churn, args.seconds)
     _, err = rec.communicate()
-    for p, _, _ in long_lived:
-        p.kill()
-    for p, _, _ in long_lived:
-        p.wait()
+    stop_long_lived(long_lived)
     print(err.strip().splitlines()[-1] if err.strip() else "(no pyebpf output)")
 
     roots = {}

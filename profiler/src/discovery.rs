@@ -290,8 +290,21 @@ fn is_candidate(path: &str, exe: &str) -> bool {
 
 /// Finds the CPython runtime of `pid` and its layout.
 pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
+    inspect_maps(pid, elves, None)
+}
+
+/// [`inspect`], given the text of `/proc/PID/maps` when the caller already read it.
+pub fn inspect_maps(
+    pid: u32,
+    elves: &ElfCache,
+    maps_text: Option<String>,
+) -> Result<PythonProcess, DiscoveryError> {
     let command = short_command(pid);
-    let maps = read_maps(pid).map_err(|error| {
+    let maps = match maps_text {
+        Some(text) => Ok(text.lines().filter_map(parse_maps_line).collect()),
+        None => read_maps(pid),
+    };
+    let maps = maps.map_err(|error| {
         if crate::procfs::is_absent(&error) {
             return DiscoveryError::no_such_process(pid);
         }
@@ -505,8 +518,8 @@ pub fn mentions_python(maps: &[Mapping]) -> bool {
 }
 
 /// Cheap pre-filter for system-wide scans: does anything mapped look like Python?
-pub fn looks_like_python(pid: u32) -> bool {
-    crate::procfs::maps_python(pid).unwrap_or(false)
+pub fn python_maps(pid: u32) -> Option<String> {
+    crate::procfs::python_maps(pid).ok().flatten()
 }
 
 #[cfg(test)]

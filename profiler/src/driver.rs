@@ -351,10 +351,18 @@ struct Watched {
     pids: HashSet<u32>,
     added: Vec<u32>,
     gone: Vec<u32>,
+    /// The registry's generation at the last sync.
+    generation: Option<u64>,
 }
 
 impl Watched {
     fn sync<S: Sink>(&mut self, session: &Session, sink: &mut S) {
+        // Most wake-ups change nothing: diff the sets only when the registry moved.
+        let generation = Some(session.watched_generation());
+        if generation == self.generation {
+            return;
+        }
+        self.generation = generation;
         self.added.clear();
         self.gone.clear();
         let now: HashSet<u32> = session.watched().map(|p| p.pid).collect();

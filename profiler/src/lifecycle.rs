@@ -19,8 +19,8 @@ use crate::procfs;
 /// What exec handling needs from the session: the watch list and the way onto it.
 pub trait Registrar {
     fn is_watched(&self, pid: u32) -> bool;
-    /// Inspects `pid` and starts sampling it.
-    fn register(&mut self, pid: u32) -> Result<(), DiscoveryError>;
+    /// Inspects `pid`, whose `/proc/PID/maps` reads `maps`, and starts sampling it.
+    fn register(&mut self, pid: u32, maps: String) -> Result<(), DiscoveryError>;
     /// Stops sampling `pid` (its image is gone); its caches go after its queued samples.
     fn unregister(&mut self, pid: u32);
     /// True the first time `pid` is reported as unprofilable.
@@ -147,16 +147,16 @@ impl Lifecycle {
         if registrar.is_watched(pid) {
             return Attempt::Failed;
         }
-        match procfs::maps_python(pid) {
+        let maps = match procfs::python_maps(pid) {
             Err(_) => {
                 log::debug!("pid {pid} exited before it could be inspected");
                 return Attempt::Gone;
             }
-            Ok(false) => return Attempt::NotYet,
-            Ok(true) => {}
-        }
+            Ok(None) => return Attempt::NotYet,
+            Ok(Some(maps)) => maps,
+        };
         let last = self.last_attempt(pid);
-        match registrar.register(pid) {
+        match registrar.register(pid, maps) {
             Ok(()) => Attempt::Added,
             Err(e) if e.is_gone() => {
                 log::debug!("pid {pid} exited before it could be inspected");

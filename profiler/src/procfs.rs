@@ -179,14 +179,16 @@ pub fn age(pid: u32) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_secs_f64(age.max(0.0)))
 }
 
-/// Whether a file whose name contains `python` is mapped into `pid` (an executable or a
-/// `libpython`): the cheap test before a full inspection. `Err` when the maps can't be read
+/// `pid`'s `/proc/PID/maps` when a file whose name contains `python` is mapped into it (an
+/// executable or a `libpython`): the cheap test before a full inspection, whose text the
+/// inspection then parses rather than reading it again. `Err` when the maps can't be read
 /// (the process is gone, or may not be read).
-pub fn maps_python(pid: u32) -> std::io::Result<bool> {
+pub fn python_maps(pid: u32) -> std::io::Result<Option<String>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    Ok(maps
+    let python = maps
         .lines()
-        .any(|l| l.rsplit('/').next().is_some_and(|b| b.contains("python"))))
+        .any(|l| l.rsplit('/').next().is_some_and(|b| b.contains("python")));
+    Ok(python.then_some(maps))
 }
 
 #[cfg(test)]

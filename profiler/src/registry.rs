@@ -27,6 +27,8 @@ pub struct Registry {
     profiled: u64,
     /// Processes already reported as unprofilable (reported once each).
     warned: HashSet<u32>,
+    /// Moves on every insert and removal: a reader compares it to skip diffing the set.
+    generation: u64,
 }
 
 impl Registry {
@@ -39,16 +41,25 @@ impl Registry {
             self.profiled += 1;
         }
         self.exited.retain(|&p| p != pid);
+        self.generation += 1;
         self.procs.entry(pid).insert_entry(proc).into_mut()
     }
 
     /// Stops watching `pid`; its caches go at the next [`Registry::take_exited`].
     pub fn remove(&mut self, pid: u32) -> bool {
         let was = self.procs.remove(&pid).is_some();
+        if was {
+            self.generation += 1;
+        }
         if was && !self.exited.contains(&pid) {
             self.exited.push(pid);
         }
         was
+    }
+
+    /// Changes whenever the watched set changes.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn get(&self, pid: u32) -> Option<&PythonProcess> {

@@ -31,7 +31,7 @@ pub use crate::resolve::{PyFrame, Resolved, SessionStats};
 /// Processes younger than this get eager samples when registered.
 const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 /// How often watched processes are checked against `/proc` (see [`Session::reap`]).
-const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 pub struct Session {
     sampler: Sampler,
@@ -45,8 +45,10 @@ pub struct Session {
     gil: bool,
     /// Off-CPU sampling from the thread lists (`--idle`).
     idle: Option<IdleSampler>,
-    /// When `/proc` was last checked for watched processes that are gone.
+    /// When `/proc` was last checked for watched processes that are gone, and the kernel's
+    /// count of lost exec/exit events then.
     last_sweep: Instant,
+    sweep_drops: u64,
     /// Processes the scan found without Python mapped, and when: their maps are read again
     /// only after [`NOT_PYTHON_RECHECK`] or an exec. Holds live pids only.
     not_python: rustc_hash::FxHashMap<u32, Instant>,
@@ -84,6 +86,7 @@ impl Session {
             idle: None,
             last_sweep: Instant::now(),
             not_python: Default::default(),
+            sweep_drops: 0,
         })
     }
 
@@ -123,7 +126,16 @@ impl Session {
 
     /// Inspects `pid` and starts sampling it.
     pub fn add(&mut self, pid: u32) -> Result<&PythonProcess, DiscoveryError> {
-        let proc = discovery::inspect(pid, &self.elves)?;
+        self.add_inspected(pid, None)
+    }
+
+    /// [`Session::add`], given `/proc/PID/maps` when the caller already read it.
+    fn add_inspected(
+        &mut self,
+        pid: u32,
+        maps: Option<String>,
+    ) -> Result<&PythonProcess, DiscoveryError> {
+        let proc = discovery::inspect_maps(pid, &self.elves, maps)?;
         let mut kernel = proc.layout.kernel;
         if !self.gil {
             kernel.flags &= !LAYOUT_GIL_MASK;
@@ -165,12 +177,12 @@ impl Session {
                     continue;
                 }
             }
-            if !discovery::looks_like_python(pid) {
+            let Some(maps) = discovery::python_maps(pid) else {
                 self.not_python.insert(pid, now);
                 continue;
-            }
+            };
             self.not_python.remove(&pid);
-            match self.add(pid) {
+            match self.add_inspected(pid, Some(maps)) {
                 Ok(_) => added.push(pid),
                 Err(e) if e.is_benign() => {}
                 Err(e) => {
@@ -184,7 +196,7 @@ impl Session {
     }
 
     /// Drops the caches of processes that stopped being watched (their queued samples were
-    /// delivered by now) and, once a second, stops watching processes that exited without
+    /// delivered by now) and, every ten seconds (at once after a lost event), stops watching processes that exited without
     /// an exit event (one was lost). Also hands on what the BPF programs logged.
     pub fn reap(&mut self) {
         self.flush_bpf_logs();
@@ -194,9 +206,13 @@ impl Session {
                 idle.forget_process(pid);
             }
         }
-        if self.last_sweep.elapsed() < SWEEP_INTERVAL {
+        // Exits arrive as events; the sweep is for the ones whose event was lost, so it runs
+        // at once when the kernel counts a lost event, and otherwise rarely.
+        let drops = self.sampler.proc_event_drops();
+        if drops == self.sweep_drops && self.last_sweep.elapsed() < SWEEP_INTERVAL {
             return;
         }
+        self.sweep_drops = drops;
         self.last_sweep = Instant::now();
         for pid in self.registry.pids() {
             if !procfs::alive(pid) {
@@ -212,6 +228,11 @@ impl Session {
 
     pub fn watched(&self) -> impl Iterator<Item = &PythonProcess> {
         self.registry.watched()
+    }
+
+    /// Changes whenever the watched set changes (see [`Session::watched`]).
+    pub fn watched_generation(&self) -> u64 {
+        self.registry.generation()
     }
 
     pub fn is_watched(&self, pid: u32) -> bool {
@@ -339,8 +360,8 @@ impl Registrar for Session {
         self.registry.contains(pid)
     }
 
-    fn register(&mut self, pid: u32) -> Result<(), DiscoveryError> {
-        self.add(pid).map(|_| ())
+    fn register(&mut self, pid: u32, maps: String) -> Result<(), DiscoveryError> {
+        self.add_inspected(pid, Some(maps)).map(|_| ())
     }
 
     fn unregister(&mut self, pid: u32) {

@@ -275,13 +275,20 @@ impl Sampler {
             .unwrap_or((0, 0))
     }
 
+    /// Exec/exit notifications the kernel could not queue: one map read.
+    pub fn proc_event_drops(&self) -> u64 {
+        self.stat(stat::PROC_EVENT_DROPS)
+    }
+
+    fn stat(&self, index: u32) -> u64 {
+        self.stats
+            .get(&index, 0)
+            .map(|values| values.iter().sum())
+            .unwrap_or(0)
+    }
+
     pub fn stats(&self) -> KernelStats {
-        let sum = |index: u32| -> u64 {
-            self.stats
-                .get(&index, 0)
-                .map(|values| values.iter().sum())
-                .unwrap_or(0)
-        };
+        let sum = |index: u32| self.stat(index);
         KernelStats {
             events: sum(stat::EVENTS),
             not_python: sum(stat::NOT_PYTHON),
