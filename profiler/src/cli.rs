@@ -112,6 +112,13 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = 4, env = "PYEBPF_SUBSAMPLE",
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub subsample: u32,
+    /// Milliseconds a new program runs before the agent looks at it. Inspecting a process
+    /// costs about half a millisecond of CPU; programs that exit sooner (shell helpers,
+    /// short-lived interpreters started dozens of times a second) are never inspected, and
+    /// the others lose their first moments' samples (at 19 Hz, rarely more than one).
+    #[arg(long, value_name = "MS", default_value_t = 100, env = "PYEBPF_FIRST_LOOK_MS",
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub first_look_ms: u64,
     /// Seconds per profile: every interval, each service's samples become one profile.
     #[arg(long, value_name = "SECONDS", default_value_t = 15.0, env = "PYEBPF_INTERVAL",
           value_parser = parse_interval)]

@@ -67,6 +67,9 @@ pub struct Options {
     pub subsample: u32,
     /// How often samples are drained and housekeeping runs ([`DRAIN_INTERVAL`] by default).
     pub drain_interval: Duration,
+    /// System-wide: how long after its exec a new program is first looked at (see
+    /// `Lifecycle::delay_first_look`); zero for `record` and `top`.
+    pub first_look: Duration,
 }
 
 /// Whether a sink wants the run to go on.
@@ -172,6 +175,7 @@ pub fn start(options: &Options) -> Result<Session> {
     if options.idle {
         session.enable_idle(options.rate_hz);
     }
+    session.delay_first_look(options.first_look);
     if let Scope::Pids(pids) = &options.scope {
         for &pid in pids {
             session.add(pid)?;

@@ -230,6 +230,11 @@ impl Session {
         self.registry.watched()
     }
 
+    /// See [`Lifecycle::delay_first_look`].
+    pub fn delay_first_look(&mut self, delay: Duration) {
+        self.lifecycle.delay_first_look(delay);
+    }
+
     /// Changes whenever the watched set changes (see [`Session::watched`]).
     pub fn watched_generation(&self) -> u64 {
         self.registry.generation()

@@ -114,6 +114,7 @@ async fn agent(
         end_with_targets: false,
         subsample: args.subsample,
         drain_interval: AGENT_DRAIN,
+        first_look: Duration::from_millis(args.first_look_ms),
     };
     let mut session = driver::start(&options)?;
     // The kernel counts the sampler's run time only while someone holds this fd.

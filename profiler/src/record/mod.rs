@@ -101,6 +101,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         end_with_targets: true,
         subsample: 1,
         drain_interval: driver::DRAIN_INTERVAL,
+        first_look: Duration::ZERO,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)

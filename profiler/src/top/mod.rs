@@ -290,6 +290,7 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         end_with_targets: false,
         subsample: 1,
         drain_interval: driver::DRAIN_INTERVAL,
+        first_look: Duration::ZERO,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {
