@@ -499,7 +499,8 @@ fn a_dead_backend_is_retried_counted_and_does_not_hold_the_agent() {
         v("pyebpf_exports_total{backend=\"pyroscope\",result=\"ok\"}"),
         0.0
     );
-    assert!(v("pyebpf_windows_total") >= 4.0, "{metrics:#?}");
+    // Six 1 s windows, less the agent's start-up after it began serving.
+    assert!(v("pyebpf_windows_total") >= 3.0, "{metrics:#?}");
     assert!(v("pyebpf_push_queue_depth") >= 1.0, "{metrics:#?}");
     assert!(v("pyebpf_samples_total") >= 20.0, "{metrics:#?}");
     assert!(stderr.contains("could not be pushed"), "{stderr}");

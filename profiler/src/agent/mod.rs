@@ -33,6 +33,8 @@ use window::{Window, Windows};
 pub const MAX_PULLS: usize = 4;
 /// Distinct (labels, stack) keys of one pull's profile.
 const MAX_PULL_STACKS: usize = 65_536;
+/// How often the agent checks for a window or a pull that is due.
+const PERIOD: Duration = Duration::from_secs(1);
 /// The agent's drain interval: the kernel still wakes it early when the ring buffer fills.
 const AGENT_DRAIN: Duration = Duration::from_secs(1);
 
@@ -291,14 +293,16 @@ impl Sink for Agent {
     }
 
     fn period(&self) -> Option<Duration> {
-        Some(Duration::from_secs(1))
+        Some(PERIOD)
     }
 
     fn on_period(&mut self, _session: &Session) -> Result<Flow> {
+        // The period ticks once a second, a little late or early: a window within half a
+        // tick of its interval is due now, not a whole tick later.
         if self
             .windows
             .as_ref()
-            .is_some_and(|w| w.age() >= self.interval)
+            .is_some_and(|w| w.age() + PERIOD / 2 >= self.interval)
         {
             self.cut_windows();
         }
