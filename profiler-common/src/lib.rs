@@ -107,7 +107,15 @@ pub struct PyOffsets {
     pub chunk_data: u16,
     /// `_PyStackChunk.size`: bytes of the chunk, header included.
     pub chunk_size: u16,
-    pub _pad1: [u16; 2],
+    /// When nonzero: `_PyInterpreterFrame.is_entry` (a bool in the owner's word, 3.11), set on
+    /// the first frame each `_PyEval_EvalFrameDefault` call runs.
+    pub frame_is_entry: u16,
+    pub _pad1: u16,
+    /// Bit `n` set: frames whose owner is `n` are the entry frames each
+    /// `_PyEval_EvalFrameDefault` call pushes (3.12+). With `frame_is_entry`, they tell the
+    /// native merge where one eval loop's Python frames end.
+    pub entry_owner_mask: u32,
+    pub _pad2: u32,
 }
 
 /// `PROCS` value: one registered interpreter process.
@@ -127,7 +135,29 @@ pub struct ProcInfo {
     /// 0): CPython records thread ids as seen inside that namespace.
     pub pidns_dev: u64,
     pub pidns_ino: u64,
+    /// `NATIVE_*`: how the user stack is captured with each sample (0: not at all).
+    pub native: u32,
+    pub _pad0: u32,
 }
+
+/// [`ProcInfo::native`]: no native stack.
+pub const NATIVE_NONE: u32 = 0;
+/// [`ProcInfo::native`]: a frame-pointer walk of the user stack, or a stack copy where the
+/// chain is broken (see `stat::NATIVE_FP_FALLBACKS`): up to `MAX_NATIVE_FRAMES`
+/// (ip, sp) pairs follow the frames, leaf first, `sp` being the stack pointer in that frame
+/// (the callee's frame pointer + 16). A final (0, 0) pair says the walk reached a null frame
+/// pointer, the end of the chain.
+pub const NATIVE_FRAME_POINTERS: u32 = 1;
+/// [`ProcInfo::native`]: a copy of the top of the user stack follows the frames (up to
+/// `MAX_STACK_COPY` bytes, from the user `sp` in `SampleHeader::regs`); userspace unwinds it
+/// with the binaries' CFI.
+pub const NATIVE_STACK_COPY: u32 = 2;
+/// Instruction pointers the frame-pointer walk records.
+pub const MAX_NATIVE_FRAMES: usize = 128;
+/// Largest stack copy (the `--native-stack` bound).
+pub const MAX_STACK_COPY: usize = 32 << 10;
+/// The native part's room in a record: the larger of the two kinds.
+pub const NATIVE_BYTES: usize = MAX_STACK_COPY;
 
 /// `SampleHeader::flags`: the walk stopped at `MAX_FRAMES`; `next_frame` continues it.
 pub const SAMPLE_TRUNCATED: u16 = 1 << 0;
@@ -182,15 +212,25 @@ pub struct SampleHeader {
     pub cpu: u32,
     pub flags: u16,
     pub nframes: u16,
-    pub _pad0: u32,
+    /// `NATIVE_*` of the native part after the frames (`NATIVE_NONE`: there is none).
+    pub native: u16,
+    /// Bytes of the native part.
+    pub native_len: u16,
+    /// Bit `i` (of word `i / 64`): recorded frame `i` is an eval loop's entry frame (see
+    /// `PyOffsets::entry_owner_mask`, `frame_is_entry`).
+    pub entry_bits: [u64; 2],
+    /// The thread's user registers at the interrupt: ip, sp, bp (with a native part).
+    pub regs: [u64; 3],
 }
 
-/// The complete record as assembled in per-CPU scratch; only the used prefix is sent.
+/// The complete record as assembled in the per-CPU sample buffer; only the used prefix is
+/// sent: the header, `nframes` frames, then `native_len` bytes of native stack.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Sample {
     pub header: SampleHeader,
     pub frames: [FrameRecord; MAX_FRAMES],
+    pub native: [u8; NATIVE_BYTES],
 }
 
 /// [`ProcEvent::kind`]: a task called `execve`; `pid` is its process, which userspace inspects.
@@ -271,7 +311,16 @@ pub mod stat {
     pub const NEW_CODE: u32 = 16;
     /// perf events left out by random subsampling (`SUBSAMPLE` > 1), before anything else.
     pub const SUBSAMPLED: u32 = 17;
-    pub const COUNT: u32 = 18;
+    /// Samples that carried a frame-pointer walk of the user stack.
+    pub const NATIVE_FRAME_POINTERS: u32 = 18;
+    /// Samples that carried a copy of the user stack.
+    pub const NATIVE_STACK_COPIES: u32 = 19;
+    /// Samples whose native part could not be had (no user registers, unreadable stack).
+    pub const NATIVE_ERRORS: u32 = 20;
+    /// Frame-pointer samples whose chain broke at once (code without frame pointers): they
+    /// carry a stack copy instead.
+    pub const NATIVE_FP_FALLBACKS: u32 = 21;
+    pub const COUNT: u32 = 22;
 }
 
 #[cfg(feature = "user")]

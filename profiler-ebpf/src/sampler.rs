@@ -8,7 +8,10 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_user,
-        generated::{bpf_get_ns_current_pid_tgid, bpf_loop, bpf_probe_read_user as read_user_raw},
+        generated::{
+            bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_loop, bpf_probe_read_kernel,
+            bpf_probe_read_user as read_user_raw, bpf_task_pt_regs,
+        },
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -18,8 +21,9 @@ use aya_ebpf::{
 use profiler_common::{
     fold_frame, fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader,
     CODE_TAG_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP, LAYOUT_GIL_MASK,
-    MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_PROCS, MAX_SEEN_CODE,
-    MAX_THREADS, MAX_THREAD_WALK, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_NEW_CODE,
+    MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_NATIVE_FRAMES, MAX_PROCS,
+    MAX_SEEN_CODE, MAX_THREADS, MAX_THREAD_WALK, NATIVE_BYTES, NATIVE_FRAME_POINTERS,
+    NATIVE_STACK_COPY, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_NEW_CODE,
     SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
 };
 
@@ -30,6 +34,21 @@ use profiler_common::{
 /// and counts per process become Poisson-like. Set by userspace at load time.
 #[unsafe(no_mangle)]
 static SUBSAMPLE: Global<u32> = Global::new(1);
+/// Bytes of user stack copied for processes in `NATIVE_STACK_COPY` mode (`--native-stack`),
+/// at most `NATIVE_BYTES`. Set by userspace at load time.
+#[unsafe(no_mangle)]
+static STACK_COPY_BYTES: Global<u32> = Global::new(16 << 10);
+/// How far above the user stack pointer entry frames are looked for: a thread's C stack is at
+/// most this big (glibc's default).
+const C_STACK_SPAN: u64 = 8 << 20;
+/// A frame-pointer walk shorter than this did not follow a real chain (see `native_stack`).
+const MIN_FP_FRAMES: u64 = 4;
+/// Copies shorter than this are not worth sending (a few frames at most).
+const MIN_STACK_COPY: u64 = 512;
+/// `struct pt_regs` (x86-64): where the user registers the unwinders start from are.
+const PT_REGS_BP: u64 = 4 * 8;
+const PT_REGS_IP: u64 = 16 * 8;
+const PT_REGS_SP: u64 = 19 * 8;
 
 /// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
 const RINGBUF_BYTES: u32 = 8 << 20;
@@ -73,7 +92,7 @@ static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 /// state yet). A map value is unknown to any verifier, so every branch is checked and kept.
 #[repr(C)]
 struct Scratch {
-    sample: Sample,
+    fp: FpWalk,
     search: ThreadSearch,
     walk: Walk,
     deep: DeepWalk,
@@ -82,6 +101,18 @@ struct Scratch {
 #[inline(always)]
 fn scratch() -> Option<&'static mut Scratch> {
     SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+/// The record under construction, one per CPU. An array indexed by CPU rather than a per-CPU
+/// map: with the native part (up to 32 KiB of stack) a record is larger than the 32 KiB a
+/// per-CPU value may be. A perf-event program runs with preemption off and does not nest on
+/// its CPU, so the CPU's slot is its own. Userspace sizes it to the possible CPUs.
+#[map]
+static SAMPLE: Array<Sample> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn sample_buf() -> Option<&'static mut Sample> {
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    SAMPLE.get_ptr_mut(cpu).map(|p| unsafe { &mut *p })
 }
 /// The span of a thread state that holds the fields a sample reads.
 #[map]
@@ -154,7 +185,11 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         0
     };
     // The walk writes frames into SCRATCH itself; the header is filled in afterwards.
-    let (nframes, next_frame, flags) = walk(frame, pid, proc.layout, fields.chunk);
+    // With `--native`, the user registers first: the walk notes where the entry frames on
+    // the C stack are.
+    let user = if proc.native != 0 { user_regs() } else { None };
+    let user_sp = user.map_or(0, |u| u[1]);
+    let (nframes, next_frame, flags) = walk(frame, pid, proc.layout, fields.chunk, user_sp);
     if nframes == 0 {
         bump(stat::NO_FRAME);
         return 0;
@@ -190,10 +225,12 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
             );
         }
     }
-    let Some(scratch) = scratch() else {
+    let Some((entry_bits, c_entry)) = scratch().map(|s| (s.walk.entry_bits, s.walk.c_entry)) else {
         return 0;
     };
-    let sample = &mut scratch.sample;
+    let Some(sample) = sample_buf() else {
+        return 0;
+    };
     sample.header = SampleHeader {
         time_ns: unsafe { bpf_ktime_get_ns() },
         tstate,
@@ -206,8 +243,17 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         cpu: unsafe { bpf_get_smp_processor_id() },
         flags: flags | gil | if cached { SAMPLE_TSTATE_CACHED } else { 0 },
         nframes: nframes as u16,
-        _pad0: 0,
+        native: 0,
+        native_len: 0,
+        entry_bits,
+        regs: [0; 3],
     };
+    if proc.native != 0 {
+        match user {
+            Some(user) => native_stack(sample, nframes, proc.native, user, c_entry),
+            None => bump(stat::NATIVE_ERRORS),
+        }
+    }
     // A young process's samples go out at once (see `ProcInfo::eager_samples`).
     let mut eager = false;
     if let Some(info) = PROCS.get_ptr_mut(&pid) {
@@ -223,6 +269,103 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
     }
     emit(sample, nframes, eager);
     0
+}
+
+/// The thread's user registers (ip, sp, bp) at its entry to the kernel (`task_pt_regs`): the
+/// interrupted ones when it ran in user mode, those of its system call otherwise.
+#[inline(always)]
+fn user_regs() -> Option<[u64; 3]> {
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
+    if regs == 0 {
+        return None;
+    }
+    let mut user = [0u64; 3];
+    for (slot, off) in user.iter_mut().zip([PT_REGS_IP, PT_REGS_SP, PT_REGS_BP]) {
+        let mut value = 0u64;
+        let src = regs.wrapping_add(off) as *const c_void;
+        if unsafe { bpf_probe_read_kernel(&mut value as *mut u64 as *mut c_void, 8, src) } != 0 {
+            return None;
+        }
+        *slot = value;
+    }
+    Some(user)
+}
+
+/// The native part of the record, after its `nframes` frames: the kernel's frame-pointer walk
+/// of the user stack, or a copy of its top. Both come from this interrupt, so they show the
+/// same moment as the Python frames.
+#[inline(always)]
+fn native_stack(sample: &mut Sample, nframes: usize, mode: u32, user: [u64; 3], c_entry: u64) {
+    sample.header.regs = user;
+    // The native part starts right after the frames that are sent.
+    let at = bounds::size::<{ MAX_FRAMES as u64 }>(nframes as u64) as usize;
+    let dst = unsafe { (sample.frames.as_mut_ptr().add(at)) as *mut c_void };
+    if mode == NATIVE_FRAME_POINTERS {
+        // Our own walk rather than `bpf_get_stack`: the merge needs each frame's stack
+        // address, which tells which native frame an eval loop's entry frame lives in.
+        let Some(scratch) = scratch() else {
+            return;
+        };
+        scratch.fp = FpWalk {
+            fp: user[2],
+            at: at as u64,
+            n: 1,
+            done: 0,
+            top: user[1],
+        };
+        // The interrupted frame: its ip and sp as the registers say.
+        let base = native_words(sample, at as u64);
+        unsafe {
+            *base = user[0];
+            *base.add(1) = user[1];
+        }
+        unsafe {
+            bpf_loop(
+                MAX_NATIVE_FRAMES as u32 - 1,
+                fp_step as *mut c_void,
+                null_mut(),
+                0,
+            )
+        };
+        let walk = &scratch.fp;
+        // The walk is good enough when it reached a null frame pointer (the whole chain) or
+        // went past the outermost eval loop's entry frame (it covers every eval loop, which
+        // is what the merge needs). Code built without frame pointers (Debian's libc, zlib,
+        // OpenSSL) uses the register for data, and a sample in it walks nowhere: that sample
+        // copies the stack instead, for the CFI unwinder.
+        let covers = c_entry != 0 && walk.top > c_entry;
+        if walk.n >= MIN_FP_FRAMES && (walk.done == 1 || covers) {
+            bump(stat::NATIVE_FRAME_POINTERS);
+            sample.header.native = NATIVE_FRAME_POINTERS as u16;
+            sample.header.native_len = ((walk.n + walk.done) * 16) as u16;
+            return;
+        }
+        bump(stat::NATIVE_FP_FALLBACKS);
+    }
+    if mode == NATIVE_FRAME_POINTERS || mode == NATIVE_STACK_COPY {
+        // The stack may end less than the bound above `sp` (a thread that has not gone deep,
+        // near the top of its mapping): the copy is halved until it fits.
+        let mut len = (STACK_COPY_BYTES.load() as u64).min(NATIVE_BYTES as u64);
+        let mut copied = 0;
+        for _ in 0..7 {
+            if len < MIN_STACK_COPY {
+                break;
+            }
+            let n = bounds::size::<{ NATIVE_BYTES as u64 }>(len);
+            if unsafe { read_user_raw(dst, n as u32, user[1] as *const c_void) } == 0 {
+                copied = n;
+                break;
+            }
+            len /= 2;
+        }
+        if copied == 0 {
+            bump(stat::NATIVE_ERRORS);
+            return;
+        }
+        bump(stat::NATIVE_STACK_COPIES);
+        sample.header.native = NATIVE_STACK_COPY as u16;
+        sample.header.native_len = copied as u16;
+    }
 }
 
 /// Whether `tstate` holds its interpreter's GIL: `locked != 0 && last_holder == tstate`, with
@@ -276,6 +419,71 @@ fn native_tid(tid: u32, proc: &ProcInfo) -> u32 {
     } else {
         tid
     }
+}
+
+/// State of the frame-pointer walk (`NATIVE_FRAME_POINTERS`), carried across `bpf_loop`
+/// iterations.
+#[repr(C)]
+struct FpWalk {
+    /// The frame pointer of the frame whose caller is next.
+    fp: u64,
+    /// Where the native part starts, in frame records.
+    at: u64,
+    /// Pairs written.
+    n: u64,
+    /// 1 once the chain ended at a null frame pointer (its (0, 0) pair is written).
+    done: u64,
+    /// The highest stack address the walk reached.
+    top: u64,
+}
+
+/// u64 words of a record's native part (a power of two for the verifier's masks).
+const NATIVE_WORDS: usize = NATIVE_BYTES / 8;
+const _: () = assert!(NATIVE_WORDS.is_power_of_two() && MAX_NATIVE_FRAMES * 2 <= NATIVE_WORDS);
+
+/// The native part of the record in `sample`, which starts after its `at` frames.
+#[inline(always)]
+fn native_words(sample: &mut Sample, at: u64) -> *mut u64 {
+    let at = bounds::size::<{ MAX_FRAMES as u64 }>(at) as usize;
+    unsafe { sample.frames.as_mut_ptr().add(at) as *mut u64 }
+}
+
+/// One step of the frame-pointer walk: the saved frame pointer and return address at `fp`
+/// become the next pair. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn fp_step(_index: u64, _ctx: *mut c_void) -> i64 {
+    let (Some(scratch), Some(sample)) = (scratch(), sample_buf()) else {
+        return 1;
+    };
+    let walk = &mut scratch.fp;
+    let base = native_words(sample, walk.at);
+    let slot = (walk.n * 2) as usize & (NATIVE_WORDS - 1);
+    if walk.fp == 0 {
+        // The outermost frame clears its frame pointer: the chain is whole.
+        unsafe {
+            *base.add(slot) = 0;
+            *base.add((slot + 1) & (NATIVE_WORDS - 1)) = 0;
+        }
+        walk.done = 1;
+        return 1;
+    }
+    let Ok(pair) = (unsafe { bpf_probe_read_user(walk.fp as *const [u64; 2]) }) else {
+        return 1;
+    };
+    let [next, ret] = pair;
+    // Callers' frames sit above their callees': anything else is not a frame chain (code
+    // without frame pointers used the register for something else).
+    if ret == 0 || (next != 0 && (next <= walk.fp || next % 8 != 0)) {
+        return 1;
+    }
+    unsafe {
+        *base.add(slot) = ret;
+        *base.add((slot + 1) & (NATIVE_WORDS - 1)) = walk.fp + 16;
+    }
+    walk.n += 1;
+    walk.top = walk.fp + 16;
+    walk.fp = next;
+    0
 }
 
 /// State of the thread-list search, carried across `bpf_loop` iterations.
@@ -480,6 +688,14 @@ struct Walk {
     /// Code object and tag of the last frame tagged, reused by a recursive frame below it.
     last_code: u64,
     last_tag: u64,
+    /// See `SampleHeader::entry_bits`.
+    entry_bits: [u64; 2],
+    /// The user stack pointer (0 without `--native`), and the highest address of an entry
+    /// frame found within `C_STACK_SPAN` above it: the outermost eval loop's entry frame on
+    /// the C stack (3.12+), 0 if none. A thread's base frame (3.14+) is in its thread state,
+    /// elsewhere.
+    user_sp: u64,
+    c_entry: u64,
     /// Records written (shims included).
     nframes: u32,
     pid: u32,
@@ -495,7 +711,7 @@ struct Walk {
 /// and dropped by userspace: writing record `i` at iteration `i` keeps the loop state free of
 /// counters, so the verifier checks the body once instead of once per frame.
 #[inline(always)]
-fn walk(frame: u64, pid: u32, layout: u32, chunk: u64) -> (usize, u64, u16) {
+fn walk(frame: u64, pid: u32, layout: u32, chunk: u64, user_sp: u64) -> (usize, u64, u16) {
     window::reset(chunk);
     let Some(scratch) = scratch() else {
         return (0, 0, SAMPLE_READ_ERROR);
@@ -504,6 +720,9 @@ fn walk(frame: u64, pid: u32, layout: u32, chunk: u64) -> (usize, u64, u16) {
         frame,
         last_code: 0,
         last_tag: 0,
+        entry_bits: [0; 2],
+        user_sp,
+        c_entry: 0,
         nframes: 0,
         pid,
         layout,
@@ -530,7 +749,10 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     let Some(scratch) = scratch() else {
         return 1;
     };
-    let Scratch { sample, walk, .. } = scratch;
+    let Scratch { walk, .. } = scratch;
+    let Some(sample) = sample_buf() else {
+        return 1;
+    };
     if walk.frame == 0 {
         walk.done = 1;
         return 1;
@@ -547,6 +769,18 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     let mut code = words.executable & layout.executable_mask;
     let owner_shift = (layout.frame_owner % 8) * 8;
     let owner = (words.owner >> owner_shift) & 0xff;
+    let entry_owner = owner < 32 && layout.entry_owner_mask & (1 << owner) != 0;
+    let is_entry = layout.frame_is_entry != 0
+        && (words.owner >> ((layout.frame_is_entry % 8) * 8)) & 0xff != 0;
+    if entry_owner || is_entry {
+        walk.entry_bits[(index as usize / 64) & 1] |= 1 << (index % 64);
+    }
+    if entry_owner
+        && walk.frame > walk.c_entry
+        && walk.frame.wrapping_sub(walk.user_sp) < C_STACK_SPAN
+    {
+        walk.c_entry = walk.frame;
+    }
     if owner < 32 && layout.skip_owner_mask & (1 << owner) != 0 {
         code = 0;
     } else if owner > PYTHON_OWNERS_MAX {
@@ -666,11 +900,17 @@ extern "C" fn deep_step(_index: u64, _ctx: *mut c_void) -> i64 {
 #[inline(always)]
 fn emit(sample: &Sample, nframes: usize, eager: bool) {
     const _: () = assert!(
-        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<FrameRecord>() == size_of::<Sample>()
+        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<FrameRecord>() + NATIVE_BYTES
+            == size_of::<Sample>()
     );
-    // 1..=MAX_FRAMES records: the verifier must see that the length fits `Sample`.
+    // 1..=MAX_FRAMES records and 0..NATIVE_BYTES of native stack: the verifier must see that
+    // the length fits `Sample`.
     let nframes = bounds::size::<{ MAX_FRAMES as u64 }>(nframes as u64) as usize;
-    let len = size_of::<SampleHeader>() + nframes * size_of::<FrameRecord>();
+    let native = match sample.header.native_len {
+        0 => 0,
+        n => bounds::size::<{ NATIVE_BYTES as u64 }>(n as u64) as usize,
+    };
+    let len = size_of::<SampleHeader>() + nframes * size_of::<FrameRecord>() + native;
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
     // Waking the reader costs an interrupt (a VM exit on virtual machines) here and a

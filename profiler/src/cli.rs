@@ -166,6 +166,8 @@ pub struct AgentArgs {
           value_parser = parse_duration)]
     pub flush_timeout: f64,
     #[command(flatten)]
+    pub native: NativeArgs,
+    #[command(flatten)]
     pub debug: DebugArgs,
 }
 
@@ -219,6 +221,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
     #[command(flatten)]
+    pub native: NativeArgs,
+    #[command(flatten)]
     pub debug: DebugArgs,
     /// Program to launch and profile; pyebpf exits with its exit code.
     #[arg(last = true, value_name = "COMMAND", conflicts_with = "pids")]
@@ -251,6 +255,45 @@ pub struct TopArgs {
     pub sort: TopSort,
     #[command(flatten)]
     pub debug: DebugArgs,
+}
+
+/// `--native` and its settings, shared by `record`, `top` and `agent`.
+#[derive(Args, Debug, Default)]
+pub struct NativeArgs {
+    /// Show native (C, C++, Rust) frames with the Python ones, in call order: a numpy kernel,
+    /// zlib, a C extension or libc appears under the Python line that called it. The user stack
+    /// is captured in the same interrupt as the Python frames; nothing is paused. Each
+    /// eval-loop frame is replaced by the Python frames it ran; interpreter plumbing between
+    /// them is dropped. Costs more per sample than Python frames alone (see BENCHMARKS.md).
+    #[arg(long)]
+    pub native: bool,
+    /// How `--native` captures user stacks: `auto` takes the kernel's frame-pointer walk for
+    /// interpreters built with frame pointers (3.14+ builds mostly; told from the eval loop's
+    /// first instructions), and a stack copy unwound with the binaries' CFI for the others.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        value_name = "HOW",
+        requires = "native"
+    )]
+    pub native_unwind: crate::native::Unwind,
+    /// KiB of user stack copied per sample in stack-copy mode (1-32). More reaches deeper C
+    /// stacks and costs more per sample; a stack that goes deeper ends in a
+    /// `<native stack truncated>` frame.
+    #[arg(long, value_name = "KIB", default_value_t = 16, requires = "native",
+          value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub native_stack: u32,
+}
+
+impl NativeArgs {
+    /// The driver's setting: `None` without `--native`.
+    pub fn options(&self) -> Option<crate::native::NativeOptions> {
+        self.native.then_some(crate::native::NativeOptions {
+            unwind: self.native_unwind,
+            stack_bytes: self.native_stack << 10,
+        })
+    }
 }
 
 /// `--debug-bpf`, shared by the commands that load the BPF programs.

@@ -1,15 +1,42 @@
 //! Ring-buffer records → typed values. Pure: no maps, no processes, unit-tested below.
 //!
-//! A sample record is a [`SampleHeader`] followed by `nframes` [`FrameRecord`]s, as the kernel
-//! writes them (`profiler-ebpf/src/sampler.rs`). The bytes come from our own BPF program, but
+//! A sample record is a [`SampleHeader`] followed by `nframes` [`FrameRecord`]s and
+//! `native_len` bytes of native stack, as the kernel writes them
+//! (`profiler-ebpf/src/sampler.rs`). The bytes come from our own BPF program, but
 //! a truncated or corrupt record must still cost a counter, never a panic.
 
-use profiler_common::{FrameRecord, SampleHeader};
+use profiler_common::{FrameRecord, SampleHeader, NATIVE_FRAME_POINTERS, NATIVE_STACK_COPY};
 
 /// One sample as the kernel recorded it.
 pub struct SampleRecord<'a> {
     pub header: SampleHeader,
     frames: &'a [u8],
+    native: &'a [u8],
+}
+
+/// The user stack captured with a sample (`--native`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NativeCapture<'a> {
+    /// The kernel's frame-pointer walk: (ip, sp) pairs, leaf first, ending in (0, 0) when
+    /// the chain was whole (16 bytes each).
+    FramePointers(&'a [u8]),
+    /// The top of the user stack, from `sp` up.
+    Copy {
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &'a [u8],
+    },
+}
+
+impl<'a> NativeCapture<'a> {
+    /// The frame-pointer walk's (ip, sp) pairs.
+    pub fn pairs(bytes: &'a [u8]) -> impl Iterator<Item = (u64, u64)> + 'a {
+        let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap_or_default());
+        bytes
+            .chunks_exact(16)
+            .map(move |p| (word(&p[..8]), word(&p[8..])))
+    }
 }
 
 impl SampleRecord<'_> {
@@ -19,6 +46,27 @@ impl SampleRecord<'_> {
             .chunks_exact(size_of::<FrameRecord>())
             .map(bytemuck::pod_read_unaligned::<FrameRecord>)
     }
+
+    /// The native part, when the sample has one.
+    pub fn native(&self) -> Option<NativeCapture<'_>> {
+        let [ip, sp, bp] = self.header.regs;
+        match self.header.native as u32 {
+            _ if self.native.is_empty() => None,
+            NATIVE_FRAME_POINTERS => Some(NativeCapture::FramePointers(self.native)),
+            NATIVE_STACK_COPY => Some(NativeCapture::Copy {
+                ip,
+                sp,
+                bp,
+                stack: self.native,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether recorded frame `index` is an eval loop's entry frame.
+    pub fn is_entry(&self, index: usize) -> bool {
+        index < 128 && self.header.entry_bits[index / 64] & (1 << (index % 64)) != 0
+    }
 }
 
 /// Decodes a sample record; `None` when it is shorter than its header says.
@@ -26,8 +74,14 @@ pub fn sample(bytes: &[u8]) -> Option<SampleRecord<'_>> {
     let header_len = size_of::<SampleHeader>();
     let header: SampleHeader = bytemuck::pod_read_unaligned(bytes.get(..header_len)?);
     let frames_len = (header.nframes as usize).checked_mul(size_of::<FrameRecord>())?;
-    let frames = bytes.get(header_len..header_len.checked_add(frames_len)?)?;
-    Some(SampleRecord { header, frames })
+    let frames_end = header_len.checked_add(frames_len)?;
+    let frames = bytes.get(header_len..frames_end)?;
+    let native = bytes.get(frames_end..frames_end.checked_add(header.native_len as usize)?)?;
+    Some(SampleRecord {
+        header,
+        frames,
+        native,
+    })
 }
 
 #[cfg(test)]
@@ -72,6 +126,29 @@ mod tests {
         assert!(sample(&bytes).is_none());
         assert!(sample(&bytes[..10]).is_none());
         assert!(sample(&[]).is_none());
+    }
+
+    #[test]
+    fn native_part_follows_the_frames() {
+        let header = SampleHeader {
+            nframes: 1,
+            native: NATIVE_STACK_COPY as u16,
+            native_len: 16,
+            regs: [1, 2, 3],
+            entry_bits: [0b10, 0],
+            ..Default::default()
+        };
+        let mut bytes = bytemuck::bytes_of(&header).to_vec();
+        bytes.extend_from_slice(bytemuck::bytes_of(&frame(10)));
+        bytes.extend_from_slice(&[7; 16]);
+        let rec = sample(&bytes).unwrap();
+        assert!(!rec.is_entry(0) && rec.is_entry(1) && !rec.is_entry(500));
+        let Some(NativeCapture::Copy { ip, sp, bp, stack }) = rec.native() else {
+            panic!("no stack copy");
+        };
+        assert_eq!((ip, sp, bp, stack), (1, 2, 3, &[7u8; 16][..]));
+        // A native part longer than the record is a short record.
+        assert!(sample(&bytes[..bytes.len() - 1]).is_none());
     }
 
     /// The ring buffer rounds records up; bytes past the frames are ignored.

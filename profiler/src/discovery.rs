@@ -40,6 +40,9 @@ pub struct PythonProcess {
     /// Who it is: service name, container id, comm, version (see [`crate::identity`]), read
     /// once when it is found.
     pub identity: Arc<ProcessLabels>,
+    /// Whether the binary's eval loop keeps frame pointers (`None`: not known), which decides
+    /// how `--native` captures its stacks.
+    pub frame_pointers: Option<bool>,
 }
 
 impl PythonProcess {
@@ -374,6 +377,7 @@ pub fn inspect_maps(
             layout,
             ns_pid: namespace_pid(pid),
             identity,
+            frame_pointers: elf.frame_pointers,
         });
     }
     Err(DiscoveryError::NotPython {

@@ -70,6 +70,8 @@ pub struct Options {
     /// System-wide: how long after its exec a new program is first looked at (see
     /// `Lifecycle::delay_first_look`); zero for `record` and `top`.
     pub first_look: Duration,
+    /// Native frames with the Python ones (`--native`).
+    pub native: Option<crate::native::NativeOptions>,
 }
 
 /// Whether a sink wants the run to go on.
@@ -168,7 +170,12 @@ impl Ended {
 /// Starts the session for `options`: the BPF programs loaded and the first targets
 /// registered. Separate from [`run`] so that a caller can look at the session first.
 pub fn start(options: &Options) -> Result<Session> {
-    let mut session = Session::start(options.rate_hz, options.debug, options.subsample)?;
+    let mut session = Session::start(
+        options.rate_hz,
+        options.debug,
+        options.subsample,
+        options.native,
+    )?;
     if options.gil {
         session.want_gil();
     }

@@ -20,6 +20,24 @@ pub struct PythonElf {
     pub runtime_file_offset: u64,
     /// `Py_Version` (`PY_VERSION_HEX`) when the binary exports it.
     pub version_hex: Option<u64>,
+    /// Whether the eval loop (`_PyEval_EvalFrameDefault`) keeps a frame pointer, from its
+    /// prologue; `None` when the symbol is not found.
+    pub frame_pointers: Option<bool>,
+}
+
+/// Whether machine code starting a function sets up a frame pointer: `push %rbp; mov
+/// %rsp,%rbp`, after an optional `endbr64`. A function built with `-fomit-frame-pointer`
+/// (GCC's default at -O2 before PEP 831 asked CPython for `-fno-omit-frame-pointer`) starts
+/// with anything else, typically pushes of callee-saved registers. CPython's own frames are
+/// what the merge needs, so the eval loop's prologue decides for the whole binary.
+pub fn keeps_frame_pointer(code: &[u8]) -> bool {
+    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    let code = code.strip_prefix(&ENDBR64[..]).unwrap_or(code);
+    // push %rbp, then mov %rsp,%rbp in either encoding (48 89 e5 / 48 8b ec).
+    matches!(
+        code,
+        [0x55, 0x48, 0x89, 0xe5, ..] | [0x55, 0x48, 0x8b, 0xec, ..]
+    )
 }
 
 /// Parses `path` (a path the profiler can open, e.g. under `/proc/PID/root`).
@@ -75,10 +93,15 @@ pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
         let bytes = data.read_bytes_at(file_offset(addr)?, 4).ok()?;
         Some(u32::from_le_bytes(bytes.try_into().ok()?) as u64)
     });
+    let frame_pointers = symbol(b"_PyEval_EvalFrameDefault").and_then(|addr| {
+        let code = data.read_bytes_at(file_offset(addr)?, 16).ok()?;
+        Some(keeps_frame_pointer(code))
+    });
     Ok(Some(PythonElf {
         runtime_vaddr,
         runtime_file_offset,
         version_hex,
+        frame_pointers,
     }))
 }
 
@@ -108,5 +131,24 @@ impl ElfCache {
         }
         entries.insert(key, parsed.clone());
         Ok(parsed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keeps_frame_pointer;
+
+    #[test]
+    fn frame_pointer_prologues() {
+        // -fno-omit-frame-pointer, with and without CET.
+        assert!(keeps_frame_pointer(&[0x55, 0x48, 0x89, 0xe5, 0x41, 0x57]));
+        assert!(keeps_frame_pointer(&[
+            0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5
+        ]));
+        // -O2 without frame pointers: push %r15; push %r14 ...
+        assert!(!keeps_frame_pointer(&[0x41, 0x57, 0x41, 0x56, 0x55, 0x53]));
+        // push %rbp used as a plain callee-saved register.
+        assert!(!keeps_frame_pointer(&[0x55, 0x53, 0x48, 0x83, 0xec, 0x28]));
+        assert!(!keeps_frame_pointer(&[]));
     }
 }

@@ -154,6 +154,7 @@ fn idle_thread_walk_survives_hostile_memory() {
                     "3.x",
                     "hostile",
                 )),
+                frame_pointers: None,
             };
             let mut budget = 64;
             let _ = idle.sample_process(&proc, 1, &mut budget);

@@ -21,6 +21,7 @@ pub mod identity;
 pub mod idle;
 pub mod lifecycle;
 pub mod memory;
+pub mod native;
 pub mod output;
 pub mod privileges;
 pub mod procfs;

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use profiler_common::{FrameRecord, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
 
 use crate::complete::{Completer, CompletionStats};
-use crate::decode::SampleRecord;
+use crate::decode::{NativeCapture, SampleRecord};
 use crate::discovery::PythonProcess;
 use crate::idle::IdleStack;
+use crate::native::merge::{self, Group, NativeIn, Outcome, Piece, Role};
+use crate::native::{Native, NativeStack, Regs, StackEnd};
 use crate::python::code::CodeInfo;
 use crate::python::layout::PyLayout;
 use crate::symbolize::{SymbolStats, Symbolizer};
@@ -27,6 +29,20 @@ pub struct PyFrame {
     pub tag: u64,
 }
 
+/// One frame of a sample's merged stack (`--native`), leaf first.
+#[derive(Clone, Debug)]
+pub enum Mixed {
+    /// `Resolved::frames[i]`.
+    Python(usize),
+    /// A native function: its name (`[module+0xoffset]` when unknown) and module.
+    Native {
+        function: Arc<str>,
+        module: Arc<str>,
+    },
+    /// Where native frames are missing (see `native::merge`).
+    Marker(&'static str),
+}
+
 /// A decoded, symbolized sample. `frames` are leaf first.
 #[derive(Debug)]
 pub struct Resolved<'a> {
@@ -37,6 +53,9 @@ pub struct Resolved<'a> {
     /// Kernel time of the sample (`bpf_ktime_get_ns`); `None` for idle stacks.
     pub time_ns: Option<u64>,
     pub frames: &'a [PyFrame],
+    /// With `--native`: the Python frames (by index into `frames`, in their order) merged
+    /// with the native ones.
+    pub mixed: Option<&'a [Mixed]>,
     /// The stack is deeper than what could be recovered; `frames` are its top part.
     pub truncated: bool,
     /// A read failed mid-walk; `frames` are its top part.
@@ -65,6 +84,13 @@ pub struct SessionStats {
     pub shim_only: u64,
     /// Kernel samples flagged as holding the GIL (counted with `--gil`).
     pub holds_gil: u64,
+    /// `--native`: samples whose native frames were merged whole, merged down to where the
+    /// native stack ended, could not be merged (Python frames kept whole), or came without a
+    /// native part (see the kernel's `native_errors`).
+    pub native_merged: u64,
+    pub native_partial: u64,
+    pub native_failed: u64,
+    pub native_missing: u64,
 }
 
 #[derive(Default)]
@@ -73,6 +99,12 @@ pub struct Resolver {
     completer: Completer,
     /// The frames of the sample being resolved (reused: no allocation per sample).
     frames: Vec<PyFrame>,
+    /// `--native`: unwinding and symbolization, and the sample's merged stack.
+    native: Option<Native>,
+    mixed: Vec<Mixed>,
+    groups: Vec<Group>,
+    pieces: Vec<Piece>,
+    roles: Vec<NativeIn>,
     pub stats: SessionStats,
 }
 
@@ -103,12 +135,17 @@ impl Resolver {
             self.stats.shim_only += 1;
             return None;
         }
+        let mixed = match self.native.is_some() {
+            true => self.merge_native(record, process),
+            false => false,
+        };
         let resolved = Resolved {
             pid: header.pid,
             tid: header.tid,
             cpu: Some(header.cpu),
             time_ns: Some(header.time_ns),
             frames: &self.frames,
+            mixed: mixed.then_some(&self.mixed[..]),
             truncated,
             partial: header.flags & SAMPLE_READ_ERROR != 0,
             holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0,
@@ -138,6 +175,7 @@ impl Resolver {
             cpu: None,
             time_ns: None,
             frames: &self.frames,
+            mixed: None,
             truncated: stack.truncated,
             partial: false,
             holds_gil: false,
@@ -150,6 +188,121 @@ impl Resolver {
     pub fn forget_process(&mut self, pid: u32) {
         self.symbols.forget_process(pid);
         self.completer.forget_process(pid);
+        if let Some(native) = self.native.as_mut() {
+            native.forget(pid);
+        }
+    }
+
+    /// Unwinds, symbolizes and merges the native part of kernel samples from now on.
+    pub fn enable_native(&mut self) {
+        self.native.get_or_insert_with(Native::new);
+    }
+
+    pub fn native_stats(&self) -> Option<crate::native::NativeStats> {
+        self.native.as_ref().map(|n| n.stats())
+    }
+
+    /// Fills `self.mixed` from the sample's native part and `self.frames`; false when the
+    /// sample has no native part.
+    fn merge_native(&mut self, record: &SampleRecord, process: &PythonProcess) -> bool {
+        let Some(native) = self.native.as_mut() else {
+            return false;
+        };
+        let pid = record.header.pid;
+        let stack: NativeStack = match record.native() {
+            None => {
+                self.stats.native_missing += 1;
+                return false;
+            }
+            Some(NativeCapture::Copy { ip, sp, bp, stack }) => {
+                native.from_copy(pid, Regs { ip, sp, bp }, stack)
+            }
+            Some(NativeCapture::FramePointers(bytes)) => {
+                let pairs: Vec<(u64, u64)> = NativeCapture::pairs(bytes).collect();
+                let complete = pairs.last() == Some(&(0, 0));
+                native.from_frame_pointers(pid, &pairs, complete)
+            }
+        };
+        // Groups: the Python frames between entry frames (see `native::merge`).
+        self.groups.clear();
+        let mut kept = 0;
+        for (i, rec) in record.frames().enumerate() {
+            kept += (rec.code != 0) as usize;
+            if record.is_entry(i) {
+                let entry = (rec.code == 0).then_some(rec.frame);
+                self.groups.push(Group { end: kept, entry });
+            }
+        }
+        if self.groups.last().map_or(0, |g| g.end) < self.frames.len() {
+            self.groups.push(Group {
+                end: self.frames.len(),
+                entry: None,
+            });
+        }
+        let interpreter = binary_name(&process.binary);
+        self.roles.clear();
+        self.roles
+            .extend(stack.frames.iter().enumerate().map(|(i, f)| {
+                let mut frame = NativeIn::new(
+                    role(f.function.as_deref(), &f.module, interpreter),
+                    f.sp,
+                    &*f.module == interpreter,
+                );
+                frame.named = f.function.is_some();
+                frame.index = i;
+                frame
+            }));
+        merge::anchor(&mut self.roles, &self.groups);
+        let complete = matches!(stack.end, StackEnd::Complete);
+        let outcome = merge::merge(
+            &self.roles,
+            complete,
+            &self.groups,
+            self.frames.len(),
+            &mut self.pieces,
+        );
+        match outcome {
+            Outcome::Merged => self.stats.native_merged += 1,
+            Outcome::Partial => self.stats.native_partial += 1,
+            Outcome::Failed => {
+                self.stats.native_failed += 1;
+                if log::log_enabled!(log::Level::Debug) {
+                    let names: Vec<String> = self
+                        .roles
+                        .iter()
+                        .map(|r| {
+                            let f = &stack.frames[r.index];
+                            let name = f.function.as_deref().unwrap_or("?");
+                            format!("{name} ({}, {:?}, sp {:#x})", f.module, r.role, f.sp)
+                        })
+                        .collect();
+                    log::debug!(
+                        "pid {pid}: native stack not merged ({:?}, groups {:?}): {}",
+                        stack.end,
+                        self.groups,
+                        names.join(" <- ")
+                    );
+                }
+            }
+        }
+        self.mixed.clear();
+        for piece in &self.pieces {
+            self.mixed.push(match *piece {
+                Piece::Python(i) => Mixed::Python(i),
+                Piece::Marker(m) => Mixed::Marker(m),
+                Piece::Native(j) => {
+                    let f = &stack.frames[self.roles[j].index];
+                    Mixed::Native {
+                        function: f
+                            .function
+                            .clone()
+                            .unwrap_or_else(|| format!("[{}+{:#x}]", f.module, f.offset).into()),
+                        module: f.module.clone(),
+                    }
+                }
+            });
+        }
+        true
     }
 
     pub fn completion_stats(&self) -> CompletionStats {
@@ -203,5 +356,93 @@ impl Resolver {
                 tag: rec.tag,
             });
         }
+    }
+}
+
+/// The file name of a binary path as the process sees it.
+fn binary_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Interpreter functions kept between eval loops: what a thread waits on or spends on
+/// collection, which people look for in a native profile.
+const KEPT_INTERNALS: &[&str] = &[
+    "time_sleep",
+    "pysleep",
+    "take_gil",
+    "drop_gil",
+    "PyThread_acquire_lock",
+    "acquire_timed",
+    "lock_PyThread_acquire_lock",
+    "rlock_acquire",
+    "PyMutex_Lock",
+    "_PyMutex_Lock",
+    "_PySemaphore_Wait",
+    "gc_collect",
+    "_PyGC_Collect",
+    "PyGC_Collect",
+    "_Py_RunGC",
+];
+
+/// C library frames at the root of every thread: plumbing too.
+const ROOT_PLUMBING: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone3",
+    "clone",
+];
+
+/// What a native frame is to the merge, from its function and module.
+fn role(function: Option<&str>, module: &str, interpreter: &str) -> Role {
+    if module != interpreter {
+        return match function {
+            Some(f) if ROOT_PLUMBING.contains(&f) => Role::Internal,
+            _ => Role::Other,
+        };
+    }
+    match function {
+        Some(f)
+            if f == "_PyEval_EvalFrameDefault" || f.starts_with("_PyEval_EvalFrameDefault.") =>
+        {
+            Role::Eval
+        }
+        Some(f) if f.starts_with("_TAIL_CALL_") => Role::TailCall,
+        Some(f) if KEPT_INTERNALS.iter().any(|k| f.starts_with(k)) => Role::Other,
+        _ => Role::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_of_native_frames() {
+        let py = "python3.11";
+        assert_eq!(role(Some("_PyEval_EvalFrameDefault"), py, py), Role::Eval);
+        assert_eq!(
+            role(Some("_PyEval_EvalFrameDefault.cold"), py, py),
+            Role::Eval
+        );
+        assert_eq!(role(Some("_TAIL_CALL_BINARY_OP"), py, py), Role::TailCall);
+        assert_eq!(role(Some("PyObject_Vectorcall"), py, py), Role::Internal);
+        assert_eq!(role(None, py, py), Role::Internal);
+        assert_eq!(role(Some("take_gil"), py, py), Role::Other);
+        assert_eq!(
+            role(Some("deflate_slow"), "libz.so.1.2.13", py),
+            Role::Other
+        );
+        assert_eq!(
+            role(Some("__libc_start_call_main"), "libc.so.6", py),
+            Role::Internal
+        );
+        // The same name outside the interpreter is somebody else's function.
+        assert_eq!(
+            role(Some("_PyEval_EvalFrameDefault"), "libfoo.so", py),
+            Role::Other
+        );
     }
 }

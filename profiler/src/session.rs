@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use profiler_common::LAYOUT_GIL_MASK;
 
-use crate::bpf::{DebugBpf, KernelStats, MapSizes, Sampler};
+use crate::bpf::{DebugBpf, KernelStats, MapSizes, Sampler, DEFAULT_STACK_COPY};
 use crate::complete::CompletionStats;
 use crate::discovery::{self, DiscoveryError, PythonProcess};
 use crate::elf::ElfCache;
 use crate::idle::{IdleSampler, IdleStats};
 use crate::lifecycle::{Lifecycle, LifecycleStats, Registrar};
+use crate::native::NativeOptions;
 use crate::procfs;
 use crate::registry::Registry;
 use crate::resolve::Resolver;
@@ -35,6 +36,8 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 pub struct Session {
     sampler: Sampler,
+    /// `--native`: how processes' user stacks are captured.
+    native: Option<NativeOptions>,
     elves: ElfCache,
     registry: Registry,
     resolver: Resolver,
@@ -75,12 +78,23 @@ pub struct CacheSizes {
 
 impl Session {
     /// Loads the BPF programs (see [`Sampler::start_with`] for `subsample`).
-    pub fn start(rate_hz: u64, debug: DebugBpf, subsample: u32) -> Result<Session> {
+    pub fn start(
+        rate_hz: u64,
+        debug: DebugBpf,
+        subsample: u32,
+        native: Option<NativeOptions>,
+    ) -> Result<Session> {
+        let stack_copy = native.map_or(DEFAULT_STACK_COPY, |n| n.stack_bytes);
+        let mut resolver = Resolver::default();
+        if native.is_some() {
+            resolver.enable_native();
+        }
         Ok(Session {
-            sampler: Sampler::start_with(rate_hz, debug, subsample)?,
+            sampler: Sampler::start_with(rate_hz, debug, subsample, stack_copy)?,
+            native,
             elves: ElfCache::default(),
             registry: Registry::default(),
-            resolver: Resolver::default(),
+            resolver,
             lifecycle: Lifecycle::default(),
             gil: false,
             idle: None,
@@ -144,7 +158,13 @@ impl Session {
         // the drain timer (code new to the sampler still wakes userspace at once).
         let young = procfs::age(pid).is_none_or(|age| age < YOUNG_PROCESS);
         self.sampler
-            .register(pid, proc.runtime, &kernel, young)
+            .register(
+                pid,
+                proc.runtime,
+                &kernel,
+                young,
+                NativeOptions::mode(self.native, proc.frame_pointers),
+            )
             .map_err(|cause| DiscoveryError::Other {
                 pid,
                 binary: proc.binary.clone(),
@@ -274,6 +294,11 @@ impl Session {
 
     pub fn symbol_stats(&self) -> crate::symbolize::SymbolStats {
         self.resolver.symbol_stats()
+    }
+
+    /// Unwinding and native symbolization counters (`--native`).
+    pub fn native_stats(&self) -> Option<crate::native::NativeStats> {
+        self.resolver.native_stats()
     }
 
     /// The sample ring buffer, for the driver to wait on.

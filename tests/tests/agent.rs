@@ -169,6 +169,43 @@ fn pull_is_read_by_go_tool_pprof_and_filters() {
     assert!(status.success(), "{stderr}");
 }
 
+/// `agent --native`: a pulled profile carries the C frames under their Python line, as
+/// `go tool pprof` reads them (function, and the module as the file name).
+#[test]
+fn native_frames_reach_go_tool_pprof() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let workload = Workload::start(interp, "native.py", &["compress"]);
+    let (running, addr) = agent(&["--native", "--rate", "97"]);
+    watching(&addr);
+    let url = format!(
+        "http://{addr}/debug/pprof/profile?seconds=3&pid={}",
+        workload.pid()
+    );
+    let profile = raw(&url);
+    let line = marker_lines("native.py")["compress"];
+    let compress = format!("compress_it native.py:{line}");
+    let (mut under, mut total) = (0, 0);
+    for sample in &profile.samples {
+        let frames = frames_of(&profile, sample);
+        let Some(at) = frames.iter().position(|f| *f == compress) else {
+            continue;
+        };
+        total += sample.values[0];
+        // Leaf first: libz's frames come before (under) the Python line.
+        if frames[..at].iter().any(|f| f.contains(" libz.so")) {
+            under += sample.values[0];
+        }
+    }
+    assert!(
+        total >= 100 && under * 10 >= total * 8,
+        "{under} of {total} samples at {compress} with libz under it: {profile:#?}"
+    );
+    running.signal("TERM");
+    let (status, stderr) = running.finish(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+}
+
 /// Waits until the agent's loop runs and watches a process (it serves HTTP before its BPF
 /// programs are loaded, which takes seconds under emulation).
 fn watching(addr: &str) {

@@ -46,7 +46,11 @@ pub struct BenchArgs {
     /// Numbers of target processes.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     pub procs: Vec<u32>,
-    /// Profilers to run besides the baseline.
+    /// Profilers to run besides the baseline. The `--native` rows (`pyebpf-native`,
+    /// `pyebpf-native-copy`, `py-spy-native`) are a separate run: with any of them, the report
+    /// fills BENCHMARKS.md's native section instead of the main one, e.g.
+    /// `cargo xtask bench --profilers pyebpf,pyebpf-native,pyebpf-native-copy,py-spy-native
+    /// --depths 5,200 --procs 1`.
     #[arg(
         long,
         value_enum,
@@ -114,8 +118,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         for &p in &args.profilers {
             let ok = match p {
                 Profiler::Alone => false,
-                Profiler::Pyebpf => true,
-                Profiler::PySpy | Profiler::PySpyNb => {
+                Profiler::Pyebpf | Profiler::PyebpfNative | Profiler::PyebpfNativeCopy => true,
+                Profiler::PySpy | Profiler::PySpyNb | Profiler::PySpyNative => {
                     interp == Interp::Host && env.py_spy.is_some()
                 }
                 Profiler::Tachyon => interp == Interp::Sid,
@@ -212,7 +216,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
 fn wants(args: &BenchArgs, p: Profiler) -> bool {
     args.profilers
         .iter()
-        .any(|&q| q == p || (p == Profiler::PySpy && q == Profiler::PySpyNb))
+        .any(|&q| q == p || (p == Profiler::PySpy && q.is_py_spy()))
 }
 
 fn summary(r: &RunResult) -> String {

@@ -22,6 +22,13 @@ pub enum Profiler {
     PySpyNb,
     /// CPython 3.15's `profiling.sampling attach`.
     Tachyon,
+    /// pyebpf --native (auto: frame pointers where the interpreter keeps them, else stack
+    /// copies).
+    PyebpfNative,
+    /// pyebpf --native --native-unwind stack-copy.
+    PyebpfNativeCopy,
+    /// py-spy --native.
+    PySpyNative,
 }
 
 impl Profiler {
@@ -32,12 +39,39 @@ impl Profiler {
             Profiler::PySpy => "py-spy",
             Profiler::PySpyNb => "py-spy --nonblocking",
             Profiler::Tachyon => "Tachyon",
+            Profiler::PyebpfNative => "pyebpf --native",
+            Profiler::PyebpfNativeCopy => "pyebpf --native (stack copy)",
+            Profiler::PySpyNative => "py-spy --native",
         }
+    }
+
+    /// pyebpf, with or without native frames.
+    pub fn is_pyebpf(self) -> bool {
+        matches!(
+            self,
+            Profiler::Pyebpf | Profiler::PyebpfNative | Profiler::PyebpfNativeCopy
+        )
+    }
+
+    /// A `--native` row.
+    pub fn is_native(self) -> bool {
+        matches!(
+            self,
+            Profiler::PyebpfNative | Profiler::PyebpfNativeCopy | Profiler::PySpyNative
+        )
+    }
+
+    /// py-spy, in any mode.
+    pub fn is_py_spy(self) -> bool {
+        matches!(
+            self,
+            Profiler::PySpy | Profiler::PySpyNb | Profiler::PySpyNative
+        )
     }
 
     /// Samples on-CPU time (perf cpu-clock) rather than wall time per process.
     pub fn cpu_clock(self) -> bool {
-        self == Profiler::Pyebpf
+        self.is_pyebpf()
     }
 }
 
@@ -429,7 +463,7 @@ fn run_in(
         }
     }
     let (mut bpf_ns, mut bpf_runs) = (0, 0);
-    if prof == Profiler::Pyebpf {
+    if prof.is_pyebpf() {
         let text = std::fs::read_to_string(dir.join("stats.json"))?;
         let v: serde_json::Value = serde_json::from_str(&text)?;
         bpf_ns = v["bpf_run_time_ns"].as_u64().unwrap_or(0);
@@ -479,7 +513,7 @@ fn run_in(
 }
 
 fn bpf_of(prof: Profiler, profs: &[Prof]) -> (u64, u64) {
-    if prof != Profiler::Pyebpf {
+    if !prof.is_pyebpf() {
         return (0, 0);
     }
     profs.iter().fold((0, 0), |(n, c), p| {
@@ -524,10 +558,19 @@ fn start_profiler(
     let log = |name: &str| std::fs::File::create(dir.join(name));
     match prof {
         Profiler::Alone => {}
-        Profiler::Pyebpf => {
+        Profiler::Pyebpf | Profiler::PyebpfNative | Profiler::PyebpfNativeCopy => {
             let path = dir.join("pyebpf.txt");
             let mut cmd = Command::new(&env.pyebpf);
             cmd.arg("record");
+            match prof {
+                Profiler::PyebpfNative => {
+                    cmd.arg("--native");
+                }
+                Profiler::PyebpfNativeCopy => {
+                    cmd.args(["--native", "--native-unwind", "stack-copy"]);
+                }
+                _ => {}
+            }
             for pid in pids {
                 cmd.arg("-p").arg(pid.to_string());
             }
@@ -546,7 +589,7 @@ fn start_profiler(
                 perf_out: None,
             });
         }
-        Profiler::PySpy | Profiler::PySpyNb => {
+        Profiler::PySpy | Profiler::PySpyNb | Profiler::PySpyNative => {
             let py_spy = env.py_spy.as_ref().context("py-spy is not installed")?;
             for (i, pid) in pids.iter().enumerate() {
                 let path = dir.join(format!("py-spy{i}.txt"));
@@ -559,6 +602,9 @@ fn start_profiler(
                     .arg(&path);
                 if prof == Profiler::PySpyNb {
                     base.arg("--nonblocking");
+                }
+                if prof == Profiler::PySpyNative {
+                    base.arg("--native");
                 }
                 let mut cmd = counted(env, base, &perf_out);
                 cmd.stdin(Stdio::null())
@@ -605,7 +651,7 @@ fn wait_attached(env: &Env, prof: Profiler, cfg: Config, profs: &[Prof]) -> Resu
     let n = cfg.procs as f64;
     let grace = match prof {
         Profiler::Alone => return Ok(()),
-        Profiler::Pyebpf => {
+        Profiler::Pyebpf | Profiler::PyebpfNative | Profiler::PyebpfNativeCopy => {
             let start = Instant::now();
             let pid = profs[0].pid;
             while proc_::perf_links(pid) < env.cpus as usize {
@@ -617,7 +663,7 @@ fn wait_attached(env: &Env, prof: Profiler, cfg: Config, profs: &[Prof]) -> Resu
             }
             0.4 + 0.03 * n
         }
-        Profiler::PySpy | Profiler::PySpyNb => 0.5 + 0.1 * n,
+        Profiler::PySpy | Profiler::PySpyNb | Profiler::PySpyNative => 0.5 + 0.1 * n,
         Profiler::Tachyon => 1.2 + 0.3 * n,
     };
     std::thread::sleep(Duration::from_secs_f64(grace));

@@ -117,6 +117,7 @@ async fn agent(
         subsample: args.subsample,
         drain_interval: AGENT_DRAIN,
         first_look: Duration::from_millis(args.first_look_ms),
+        native: args.native.options(),
     };
     let mut session = driver::start(&options)?;
     // The kernel counts the sampler's run time only while someone holds this fd.

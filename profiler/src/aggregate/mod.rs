@@ -28,6 +28,8 @@ pub enum FrameKind {
     Thread,
     /// A Python function.
     Python,
+    /// A native function (`--native`): `file` is its module (`libz.so.1`).
+    Native,
     /// The rest of a stack that could not be completed or validated, or (the
     /// [`OVER_LIMIT`] frame) samples past a profile's stack limit.
     Truncated,
@@ -72,11 +74,13 @@ impl Frame {
         }
     }
 
-    /// `function (file:line)` for Python frames, the bare label otherwise.
+    /// `function (file:line)` for Python frames, `function (module)` for native ones, the
+    /// bare label otherwise.
     pub fn label(&self) -> String {
-        match &self.file {
-            Some(file) => format!("{} ({}:{})", self.name, file, self.line),
-            None => self.name.to_string(),
+        match (&self.file, self.kind) {
+            (Some(module), FrameKind::Native) => format!("{} ({module})", self.name),
+            (Some(file), _) => format!("{} ({}:{})", self.name, file, self.line),
+            (None, _) => self.name.to_string(),
         }
     }
 }

@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 use super::labels::{process_labels, Label, LabelSetId};
 use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
 use crate::discovery::PythonProcess;
+use crate::resolve::Mixed;
 use crate::session::{PyFrame, Resolved, Session};
 
 /// Entries of each per-thread cache before it is emptied.
@@ -154,8 +155,16 @@ impl Aggregator {
                     .intern(Frame::marker(FrameKind::Truncated, text)),
             );
         }
+        if let Some(mixed) = sample.mixed {
+            self.mixed_frames(sample, mixed, &mut stack);
+        }
+        let python_only = if sample.mixed.is_some() {
+            &[][..]
+        } else {
+            sample.frames
+        };
         let mut last: Option<(&PyFrame, FrameId)> = None;
-        for frame in sample.frames.iter().rev() {
+        for frame in python_only.iter().rev() {
             // Recursion: the same code at the same line as the frame before is the same node.
             let id = match last {
                 Some((prev, id))
@@ -209,6 +218,45 @@ impl Aggregator {
         let id = self.profile.intern_labels(labels);
         bounded_insert(&mut self.label_sets, (pid, tid), id);
         id
+    }
+
+    /// Pushes a merged stack (`--native`), root first.
+    fn mixed_frames(&mut self, sample: &Resolved, mixed: &[Mixed], stack: &mut Vec<FrameId>) {
+        let mut last: Option<(&PyFrame, FrameId)> = None;
+        for item in mixed.iter().rev() {
+            let id = match item {
+                Mixed::Python(i) => {
+                    let Some(frame) = sample.frames.get(*i) else {
+                        continue;
+                    };
+                    let id = match last {
+                        Some((prev, id))
+                            if prev.code_addr == frame.code_addr
+                                && prev.tag == frame.tag
+                                && prev.line == frame.line =>
+                        {
+                            id
+                        }
+                        _ => self.python_frame(sample.pid, frame),
+                    };
+                    last = Some((frame, id));
+                    stack.push(id);
+                    continue;
+                }
+                Mixed::Native { function, module } => self.profile.intern(Frame {
+                    kind: FrameKind::Native,
+                    name: function.clone(),
+                    file: Some(module.clone()),
+                    first_line: 0,
+                    line: 0,
+                }),
+                Mixed::Marker(text) => self
+                    .profile
+                    .intern(Frame::marker(FrameKind::Truncated, *text)),
+            };
+            last = None;
+            stack.push(id);
+        }
     }
 
     fn python_frame(&mut self, pid: u32, frame: &PyFrame) -> FrameId {

@@ -46,6 +46,14 @@ pub struct KernelStats {
     pub windows: u64,
     pub new_code: u64,
     pub subsampled: u64,
+    /// Samples with a frame-pointer walk of the user stack (`--native`).
+    pub native_frame_pointers: u64,
+    /// Samples with a copy of the user stack (`--native`).
+    pub native_stack_copies: u64,
+    /// Samples whose native part could not be had.
+    pub native_errors: u64,
+    /// Frame-pointer samples that carried a stack copy instead (the chain broke at once).
+    pub native_fp_fallbacks: u64,
 }
 
 /// Entries in the kernel's per-process and per-thread maps, for leak checks and benchmarks.
@@ -74,6 +82,9 @@ impl DebugBpf {
     pub const ALL: DebugBpf = DebugBpf(Self::OWNERS | Self::READS | Self::LIMITS | Self::LAYOUT);
 }
 
+/// Bytes of user stack copied per sample in stack-copy mode unless `--native-stack` says.
+pub const DEFAULT_STACK_COPY: u32 = 16 << 10;
+
 /// The loaded sampler: perf events on every online CPU feeding one ring buffer.
 pub struct Sampler {
     ebpf: Ebpf,
@@ -93,15 +104,26 @@ pub struct Sampler {
 impl Sampler {
     /// Loads the programs and starts sampling every CPU at `rate_hz`.
     pub fn start(rate_hz: u64) -> Result<Sampler> {
-        Self::start_with(rate_hz, DebugBpf::OFF, 1)
+        Self::start_with(rate_hz, DebugBpf::OFF, 1, DEFAULT_STACK_COPY)
     }
 
     /// [`Sampler::start`], with BPF-side diagnostics logged through aya-log (`debug`), and
     /// with perf events `subsample` times faster of which one in `subsample`, at random, is
     /// kept (see the kernel's `SUBSAMPLE`): samples at random intervals averaging
-    /// 1/`rate_hz`.
-    pub fn start_with(rate_hz: u64, debug: DebugBpf, subsample: u32) -> Result<Sampler> {
+    /// 1/`rate_hz`. Processes registered in stack-copy mode have `stack_copy` bytes of their
+    /// user stack copied with each sample.
+    pub fn start_with(
+        rate_hz: u64,
+        debug: DebugBpf,
+        subsample: u32,
+        stack_copy: u32,
+    ) -> Result<Sampler> {
         let subsample = subsample.max(1);
+        let stack_copy = stack_copy.clamp(1024, profiler_common::MAX_STACK_COPY as u32) & !7;
+        // Sample buffers are indexed by CPU number: one per possible CPU.
+        let cpu_slots = aya::util::nr_cpus()
+            .map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?
+            as u32;
         // Read once, parsed twice: by aya (for the BTF tracepoints) and by `kernel_btf`.
         let vmlinux = std::fs::read(kernel_btf::VMLINUX).map_err(|e| {
             anyhow::anyhow!(
@@ -118,7 +140,9 @@ impl Sampler {
             .btf(Some(&btf))
             .override_global("TASK_SIGNAL_OFFSET", &offsets.task_signal, true)
             .override_global("SIGNAL_LIVE_OFFSET", &offsets.signal_live, true)
-            .override_global("SUBSAMPLE", &subsample, true);
+            .override_global("SUBSAMPLE", &subsample, true)
+            .override_global("STACK_COPY_BYTES", &stack_copy, true)
+            .map_max_entries("SAMPLE", cpu_slots);
         let object = if debug == DebugBpf::OFF {
             OBJECT
         } else {
@@ -182,6 +206,7 @@ impl Sampler {
         runtime: u64,
         offsets: &PyOffsets,
         young: bool,
+        native: u32,
     ) -> Result<()> {
         let layout = self.layout_id(offsets)?;
         let (pidns_dev, pidns_ino) = foreign_pid_namespace(pid).unwrap_or((0, 0));
@@ -195,6 +220,8 @@ impl Sampler {
             },
             pidns_dev,
             pidns_ino,
+            native,
+            _pad0: 0,
         };
         self.procs
             .insert(pid, info, 0)
@@ -308,6 +335,10 @@ impl Sampler {
             windows: sum(stat::WINDOWS),
             new_code: sum(stat::NEW_CODE),
             subsampled: sum(stat::SUBSAMPLED),
+            native_frame_pointers: sum(stat::NATIVE_FRAME_POINTERS),
+            native_stack_copies: sum(stat::NATIVE_STACK_COPIES),
+            native_errors: sum(stat::NATIVE_ERRORS),
+            native_fp_fallbacks: sum(stat::NATIVE_FP_FALLBACKS),
         }
     }
 }

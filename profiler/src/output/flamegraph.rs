@@ -26,6 +26,12 @@ pub const THREAD_COLOR: Color = Color {
     g: 195,
     b: 110,
 };
+/// Fill color of native frames (`--native`): blue, apart from the warm Python palette.
+pub const NATIVE_COLOR: Color = Color {
+    r: 110,
+    g: 160,
+    b: 220,
+};
 /// Fill color of truncated frames.
 pub const TRUNCATED_COLOR: Color = Color {
     r: 175,
@@ -38,6 +44,7 @@ fn fixed_color(kind: FrameKind) -> Option<Color> {
         FrameKind::Process => Some(PROCESS_COLOR),
         FrameKind::Thread => Some(THREAD_COLOR),
         FrameKind::Truncated => Some(TRUNCATED_COLOR),
+        FrameKind::Native => Some(NATIVE_COLOR),
         FrameKind::Python => None,
     }
 }

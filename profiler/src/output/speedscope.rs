@@ -52,6 +52,11 @@ impl<'a> SpeedscopeFrame<'a> {
                 file: Some(file),
                 line: (frame.line != 0).then_some(frame.line),
             },
+            (FrameKind::Native, Some(module)) => SpeedscopeFrame {
+                name: frame.name.to_string(),
+                file: Some(module),
+                line: None,
+            },
             _ => SpeedscopeFrame {
                 name: frame.label(),
                 file: None,

@@ -57,6 +57,8 @@ type Section = (&'static str, &'static [&'static str]);
 struct Facts {
     /// Bits `1 << owner` of `enum _frameowner` values that are not Python code.
     skip_owner_mask: u32,
+    /// Bits `1 << owner` of the entry frames each `_PyEval_EvalFrameDefault` call pushes.
+    entry_owner_mask: u32,
     /// Clears the `_PyStackRef` tag bits (`Py_TAG_BITS`) of `f_executable`.
     executable_mask: u64,
     /// `sizeof(PyCompactUnicodeObject)` when the struct has no `compactunicodeobject_size`.
@@ -372,6 +374,7 @@ const SECTIONS_315: &[Section] = sections_315!(THREAD_STATE_315);
 /// of each `_PyEval_EvalFrameDefault`, `f_executable` = `None`).
 const FACTS_313: Facts = Facts {
     skip_owner_mask: 1 << 3,
+    entry_owner_mask: 1 << 3,
     executable_mask: u64::MAX,
     compact_unicode_size: 56,
     kind_shift: 2,
@@ -383,6 +386,7 @@ const FACTS_313: Facts = Facts {
 /// `f_executable` is a `_PyStackRef`: `Py_TAG_BITS` = 3 (`Py_TAG_REFCNT` = 1, `Py_INT_TAG` = 3).
 const FACTS_314: Facts = Facts {
     skip_owner_mask: (1 << 3) | (1 << 4),
+    entry_owner_mask: 1 << 3,
     executable_mask: !0b11,
     ..FACTS_313
 };
@@ -390,6 +394,7 @@ const FACTS_314: Facts = Facts {
 /// frame. `Py_TAG_BITS` is still 3.
 const FACTS_315: Facts = Facts {
     skip_owner_mask: 1 << 3,
+    entry_owner_mask: 1 << 3,
     executable_mask: !0b11,
     ..FACTS_313
 };
@@ -675,7 +680,10 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         chunk_previous: CHUNK_PREVIOUS,
         chunk_data: CHUNK_DATA,
         chunk_size: CHUNK_SIZE,
-        _pad1: [0; 2],
+        frame_is_entry: 0,
+        _pad1: 0,
+        entry_owner_mask: facts.entry_owner_mask,
+        _pad2: 0,
     };
     Ok(PyLayout {
         version,

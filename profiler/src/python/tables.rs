@@ -22,6 +22,8 @@ const SKIP_OWNERS_311: u32 = 0;
 /// 3.12 adds FRAME_OWNED_BY_CSTACK=3: the entry frame `_PyEval_EvalFrameDefault` keeps on the
 /// C stack, whose `f_code` is the interpreter's trampoline code object, not Python code.
 const SKIP_OWNERS_312: u32 = 1 << 3;
+/// The same CSTACK frames mark where each eval-loop call's Python frames begin.
+const ENTRY_OWNERS_312: u32 = 1 << 3;
 
 /// `_PyStackChunk` { previous; size (bytes); top (in `PyObject *` slots); data[] } — the same
 /// in 3.11 through 3.15.
@@ -118,7 +120,11 @@ fn layout_311(version: PyVersion) -> PyLayout {
             chunk_previous: CHUNK_PREVIOUS,
             chunk_data: CHUNK_DATA,
             chunk_size: CHUNK_SIZE,
-            _pad1: [0; 2],
+            // is_entry (bool, 68) marks the first frame of each eval-loop call.
+            frame_is_entry: 68,
+            _pad1: 0,
+            entry_owner_mask: 0,
+            _pad2: 0,
         },
         code,
         // PyBytesObject: PyObject_VAR_HEAD (ob_size at 16), ob_shash (24), ob_sval (32)
@@ -206,7 +212,10 @@ fn layout_312(version: PyVersion) -> PyLayout {
             chunk_previous: CHUNK_PREVIOUS,
             chunk_data: CHUNK_DATA,
             chunk_size: CHUNK_SIZE,
-            _pad1: [0; 2],
+            frame_is_entry: 0,
+            _pad1: 0,
+            entry_owner_mask: ENTRY_OWNERS_312,
+            _pad2: 0,
         },
         code,
         bytes: BytesLayout { size: 16, data: 32 },
@@ -263,6 +272,10 @@ mod tests {
                 assert!(usize::from(off) + 8 <= FRAME_HEADER_BYTES);
             }
             assert!(usize::from(k.frame_owner) < FRAME_HEADER_BYTES);
+            // The kernel reads `is_entry` out of the owner's word.
+            if k.frame_is_entry != 0 {
+                assert_eq!(k.frame_is_entry / 8, k.frame_owner / 8);
+            }
             assert_eq!(k.code_tag_offset, 88);
         }
     }

@@ -102,6 +102,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         subsample: 1,
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
+        native: args.native.options(),
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
@@ -204,6 +205,24 @@ fn finish(
         errors,
         kernel.ringbuf_drops
     );
+    if let Some(n) = session.native_stats() {
+        let native = st.native_merged + st.native_partial + st.native_failed + st.native_missing;
+        let pct = |x: u64| 100.0 * x as f64 / native.max(1) as f64;
+        eprintln!(
+            "pyebpf: native stacks: {:.1}% merged whole, {:.1}% merged until the native stack \
+             ended, {:.1}% not merged (Python frames kept), {:.1}% without a native part; \
+             {} frame-pointer walks, {} stack copies ({} where a frame-pointer chain broke), {} \
+             unwinding failures",
+            pct(st.native_merged),
+            pct(st.native_partial),
+            pct(st.native_failed),
+            pct(st.native_missing),
+            kernel.native_frame_pointers,
+            kernel.native_stack_copies,
+            kernel.native_fp_fallbacks,
+            n.unwind_failures,
+        );
+    }
     let c = session.completion_stats();
     let deep = c.cache + c.chunks + c.truncated;
     if deep > 0 {

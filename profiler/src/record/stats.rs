@@ -31,6 +31,8 @@ struct StatsReport {
     lifecycle: crate::lifecycle::LifecycleStats,
     /// Off-CPU passes (`--idle` only).
     idle: Option<crate::idle::IdleStats>,
+    /// Unwinding and native symbolization (`--native` only).
+    native: Option<crate::native::NativeStats>,
     /// Kernel map and userspace cache sizes over the recording.
     maps: serde_json::Value,
 }
@@ -110,6 +112,7 @@ pub(super) fn stats_json(session: &Session, elapsed: Duration, maps: &MapReport)
         system_cpu_s: secs(usage.ru_stime),
         lifecycle: session.lifecycle_stats(),
         idle: session.idle_stats(),
+        native: session.native_stats(),
         maps: serde_json::to_value(maps)?,
     };
     serde_json::to_string_pretty(&report).context("encoding the stats")

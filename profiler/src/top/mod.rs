@@ -291,6 +291,7 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         subsample: 1,
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
+        native: None,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {

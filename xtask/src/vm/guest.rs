@@ -99,6 +99,16 @@ pub const ROWS: &[Row] = &[
         },
     },
     Row {
+        // `--native`: the stack copy and the user registers (bpf_task_pt_regs), which no
+        // other row loads or runs.
+        id: "native",
+        what: What::Test {
+            bin: "native",
+            test: "zlib_frames_sit_under_their_python_line",
+            interpreters: "debian",
+        },
+    },
+    Row {
         // The agent's sampler runs with random subsampling (bpf_get_prandom_u32), which no
         // other row loads; its last window reaches a push receiver.
         id: "agent-push",
@@ -506,6 +516,6 @@ mod tests {
             assert!(!row.id.contains(char::is_whitespace), "{}", row.id);
             assert!(ROWS[..i].iter().all(|r| r.id != row.id), "{}", row.id);
         }
-        assert_eq!(test_bins(), ["agent", "lifecycle", "record"]);
+        assert_eq!(test_bins(), ["agent", "lifecycle", "native", "record"]);
     }
 }
