@@ -267,9 +267,11 @@ pub struct NativeArgs {
     /// them is dropped. Costs more per sample than Python frames alone (see BENCHMARKS.md).
     #[arg(long)]
     pub native: bool,
-    /// How `--native` captures user stacks: `auto` takes the kernel's frame-pointer walk for
-    /// interpreters built with frame pointers (3.14+ builds mostly; told from the eval loop's
-    /// first instructions), and a stack copy unwound with the binaries' CFI for the others.
+    /// How `--native` captures user stacks: `auto` walks frame pointers in the kernel for
+    /// interpreters built with them (3.15 by default, PEP 831; told from the first
+    /// instructions of the eval loop and two small functions), and copies the top of the
+    /// stack, unwound with the binaries' CFI, for the others. A frame-pointer sample taken in
+    /// a library without frame pointers carries a stack copy instead.
     #[arg(
         long,
         value_enum,

@@ -20,16 +20,15 @@ pub struct PythonElf {
     pub runtime_file_offset: u64,
     /// `Py_Version` (`PY_VERSION_HEX`) when the binary exports it.
     pub version_hex: Option<u64>,
-    /// Whether the eval loop (`_PyEval_EvalFrameDefault`) keeps a frame pointer, from its
-    /// prologue; `None` when the symbol is not found.
+    /// Whether the binary is built with frame pointers, from the prologues of its eval loop
+    /// and two small functions; `None` when the eval loop's symbol is not found.
     pub frame_pointers: Option<bool>,
 }
 
 /// Whether machine code starting a function sets up a frame pointer: `push %rbp; mov
 /// %rsp,%rbp`, after an optional `endbr64`. A function built with `-fomit-frame-pointer`
 /// (GCC's default at -O2 before PEP 831 asked CPython for `-fno-omit-frame-pointer`) starts
-/// with anything else, typically pushes of callee-saved registers. CPython's own frames are
-/// what the merge needs, so the eval loop's prologue decides for the whole binary.
+/// with anything else, typically pushes of callee-saved registers.
 pub fn keeps_frame_pointer(code: &[u8]) -> bool {
     const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
     let code = code.strip_prefix(&ENDBR64[..]).unwrap_or(code);
@@ -93,9 +92,18 @@ pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
         let bytes = data.read_bytes_at(file_offset(addr)?, 4).ok()?;
         Some(u32::from_le_bytes(bytes.try_into().ok()?) as u64)
     });
-    let frame_pointers = symbol(b"_PyEval_EvalFrameDefault").and_then(|addr| {
-        let code = data.read_bytes_at(file_offset(addr)?, 16).ok()?;
+    let keeps_fp = |name: &[u8]| -> Option<bool> {
+        let code = data.read_bytes_at(file_offset(symbol(name)?)?, 16).ok()?;
         Some(keeps_frame_pointer(code))
+    };
+    // The eval loop alone is not proof: GCC keeps a frame pointer in a function whose frame
+    // it must realign or size at run time even under -fomit-frame-pointer, as sid's 3.14
+    // eval loop does in a build whose other functions have none. Two small exported
+    // functions, which only -fno-omit-frame-pointer gives one, must agree.
+    let frame_pointers = keeps_fp(b"_PyEval_EvalFrameDefault").map(|eval| {
+        eval && [&b"_PyObject_MakeTpCall"[..], b"PyObject_Vectorcall"]
+            .iter()
+            .all(|name| keeps_fp(name) != Some(false))
     });
     Ok(Some(PythonElf {
         runtime_vaddr,

@@ -222,7 +222,7 @@ fn ten_thousand_native_samples_keep_python_order() {
         .unwrap_or(&interps[0]);
     let workload = Workload::start(interp, "native.py", &[]);
     let pid = workload.pid().to_string();
-    let rec = record(&["-p", &pid, "-d", "8", "-r", "997", "--native"]);
+    let rec = record(&["-p", &pid, "-d", "12", "-r", "997", "--native"]);
     drop(workload);
     assert!(rec.status.success(), "{}", rec.stderr);
     assert!(

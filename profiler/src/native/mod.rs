@@ -382,7 +382,7 @@ use profiler_common::{NATIVE_FRAME_POINTERS, NATIVE_NONE, NATIVE_STACK_COPY};
 /// How native stacks are captured (`--native-unwind`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Unwind {
-    /// Frame pointers where the interpreter's eval loop keeps them, else a stack copy.
+    /// Frame pointers where the interpreter is built with them, else a stack copy.
     #[default]
     Auto,
     /// The kernel's frame-pointer walk, for every process (cheap; wrong where code omits
