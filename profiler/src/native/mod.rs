@@ -385,8 +385,9 @@ pub enum Unwind {
     /// Frame pointers where the interpreter is built with them, else a stack copy.
     #[default]
     Auto,
-    /// The kernel's frame-pointer walk, for every process (cheap; wrong where code omits
-    /// frame pointers).
+    /// The kernel's frame-pointer walk, for every process: cheapest where the binaries keep
+    /// frame pointers; a sample whose chain breaks before the outermost eval loop carries a
+    /// stack copy instead.
     FramePointers,
     /// A copy of the top of the user stack, unwound with the binaries' CFI (any build).
     StackCopy,
