@@ -33,11 +33,7 @@ const NATIVE_END: &str = "<!-- bench:native:end -->";
 /// beside plain pyebpf and py-spy --native, per configuration and interpreter.
 pub fn native_markdown(rec: &Recorded) -> String {
     let rows = rows(&rec.results);
-    let mut s = String::new();
-    let _ = writeln!(s, "Reproduce with:\n\n```sh\n{}\n```\n", rec.command);
-    if !rec.commit.is_empty() {
-        let _ = writeln!(s, "pyebpf measured at commit `{}`.\n", rec.commit);
-    }
+    let mut s = provenance(rec);
     let _ = writeln!(
         s,
         "Machine: {}. {} round(s) per configuration, ~{} s of fixed work per run.\n",
@@ -268,13 +264,19 @@ fn comparison(rows: &[Row], c: &Config) -> (Option<f64>, Option<f64>, Option<f64
     )
 }
 
-pub fn markdown(rec: &Recorded) -> String {
-    let rows = rows(&rec.results);
+/// How to reproduce a run, and the commit it measured.
+fn provenance(rec: &Recorded) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "Reproduce with:\n\n```sh\n{}\n```\n", rec.command);
     if !rec.commit.is_empty() {
         let _ = writeln!(s, "pyebpf measured at commit `{}`.\n", rec.commit);
     }
+    s
+}
+
+pub fn markdown(rec: &Recorded) -> String {
+    let rows = rows(&rec.results);
+    let mut s = provenance(rec);
     let _ = writeln!(
         s,
         "Machine: {}. **A shared 2-CPU VM**: other engineers were building and testing on it \

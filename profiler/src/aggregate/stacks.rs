@@ -155,29 +155,14 @@ impl Aggregator {
                     .intern(Frame::marker(FrameKind::Truncated, text)),
             );
         }
-        if let Some(mixed) = sample.mixed {
-            self.mixed_frames(sample, mixed, &mut stack);
-        }
-        let python_only = if sample.mixed.is_some() {
-            &[][..]
-        } else {
-            sample.frames
-        };
-        let mut last: Option<(&PyFrame, FrameId)> = None;
-        for frame in python_only.iter().rev() {
-            // Recursion: the same code at the same line as the frame before is the same node.
-            let id = match last {
-                Some((prev, id))
-                    if prev.code_addr == frame.code_addr
-                        && prev.tag == frame.tag
-                        && prev.line == frame.line =>
-                {
-                    id
+        match sample.mixed {
+            Some(mixed) => self.mixed_frames(sample, mixed, &mut stack),
+            None => {
+                let mut last = None;
+                for frame in sample.frames.iter().rev() {
+                    stack.push(self.python_node(sample.pid, frame, &mut last));
                 }
-                _ => self.python_frame(sample.pid, frame),
-            };
-            last = Some((frame, id));
-            stack.push(id);
+            }
         }
         if sample.idle {
             stack.push(
@@ -229,18 +214,7 @@ impl Aggregator {
                     let Some(frame) = sample.frames.get(*i) else {
                         continue;
                     };
-                    let id = match last {
-                        Some((prev, id))
-                            if prev.code_addr == frame.code_addr
-                                && prev.tag == frame.tag
-                                && prev.line == frame.line =>
-                        {
-                            id
-                        }
-                        _ => self.python_frame(sample.pid, frame),
-                    };
-                    last = Some((frame, id));
-                    stack.push(id);
+                    stack.push(self.python_node(sample.pid, frame, &mut last));
                     continue;
                 }
                 Mixed::Native { function, module } => self.profile.intern(Frame {
@@ -257,6 +231,28 @@ impl Aggregator {
             last = None;
             stack.push(id);
         }
+    }
+
+    /// The node of a Python frame, given the Python frame just below it (`last`, updated):
+    /// recursion, the same code at the same line as the frame before, is the same node.
+    fn python_node<'f>(
+        &mut self,
+        pid: u32,
+        frame: &'f PyFrame,
+        last: &mut Option<(&'f PyFrame, FrameId)>,
+    ) -> FrameId {
+        let id = match *last {
+            Some((prev, id))
+                if prev.code_addr == frame.code_addr
+                    && prev.tag == frame.tag
+                    && prev.line == frame.line =>
+            {
+                id
+            }
+            _ => self.python_frame(pid, frame),
+        };
+        *last = Some((frame, id));
+        id
     }
 
     fn python_frame(&mut self, pid: u32, frame: &PyFrame) -> FrameId {
