@@ -33,11 +33,10 @@ fn native_leaf(stack: &[String]) -> &[String] {
     &stack[last_py.map_or(0, |i| i + 1)..]
 }
 
-fn record_native(pid: u32, extra: &[&str]) -> Recording {
+/// `record --native` of `pid` for `secs` seconds.
+fn record_native(pid: u32, secs: &str) -> Recording {
     let pid = pid.to_string();
-    let mut args = vec!["-p", &pid, "-d", "3", "--native"];
-    args.extend_from_slice(extra);
-    record(&args)
+    record(&["-p", &pid, "-d", secs, "--native"])
 }
 
 /// Under every interpreter, `workload` (a native.py thread) spends its time in C under
@@ -50,7 +49,7 @@ fn c_frames_under_their_line(workload: &str, function: &str, marker: &str, nativ
     let mut failures = Vec::new();
     for interp in &interps {
         let running = Workload::start(interp, "native.py", &[workload]);
-        let rec = record_native(running.pid(), &[]);
+        let rec = record_native(running.pid(), "3");
         drop(running);
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let (mut with, mut total) = (0, 0);
@@ -109,8 +108,9 @@ fn ctypes_callbacks_interleave_python_and_libc() {
     for interp in &interps {
         let workload = Workload::start(interp, "native.py", &["sort"]);
         // The callback runs behind libc's qsort, which Debian builds without frame pointers:
-        // with frame-pointer builds, those samples carry stack copies.
-        let rec = record_native(workload.pid(), &[]);
+        // with frame-pointer builds, those samples carry stack copies. Five seconds: a fifth
+        // of the thread's time is on the callback's line.
+        let rec = record_native(workload.pid(), "5");
         drop(workload);
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let (mut ordered, mut unmerged, mut wrong, mut total) = (0, 0, 0, 0);
@@ -171,7 +171,7 @@ fn unwinding_method_follows_the_binary() {
     let mut failures = Vec::new();
     for interp in &interpreters_logged() {
         let workload = Workload::start(interp, "native.py", &["spin"]);
-        let rec = record_native(workload.pid(), &[]);
+        let rec = record_native(workload.pid(), "3");
         drop(workload);
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let walks = summary_count(&rec.stderr, "frame-pointer walks");
