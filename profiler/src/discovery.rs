@@ -274,7 +274,7 @@ pub fn short_command(pid: u32) -> String {
     command
 }
 
-fn basename(path: &str) -> &str {
+pub(crate) fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 

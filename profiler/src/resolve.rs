@@ -13,7 +13,7 @@ use crate::complete::{Completer, CompletionStats};
 use crate::decode::{NativeCapture, SampleRecord};
 use crate::discovery::PythonProcess;
 use crate::idle::IdleStack;
-use crate::native::merge::{self, Group, NativeIn, Outcome, Piece, Role};
+use crate::native::merge::{self, role, Group, NativeIn, Outcome, Piece};
 use crate::native::{Native, NativeStack, Regs, StackEnd};
 use crate::python::code::CodeInfo;
 use crate::python::layout::PyLayout;
@@ -239,7 +239,7 @@ impl Resolver {
                 entry: None,
             });
         }
-        let interpreter = binary_name(&process.binary);
+        let interpreter = crate::discovery::basename(&process.binary);
         self.roles.clear();
         self.roles
             .extend(stack.frames.iter().enumerate().map(|(i, f)| {
@@ -356,93 +356,5 @@ impl Resolver {
                 tag: rec.tag,
             });
         }
-    }
-}
-
-/// The file name of a binary path as the process sees it.
-fn binary_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// Interpreter functions kept between eval loops: what a thread waits on or spends on
-/// collection, which people look for in a native profile.
-const KEPT_INTERNALS: &[&str] = &[
-    "time_sleep",
-    "pysleep",
-    "take_gil",
-    "drop_gil",
-    "PyThread_acquire_lock",
-    "acquire_timed",
-    "lock_PyThread_acquire_lock",
-    "rlock_acquire",
-    "PyMutex_Lock",
-    "_PyMutex_Lock",
-    "_PySemaphore_Wait",
-    "gc_collect",
-    "_PyGC_Collect",
-    "PyGC_Collect",
-    "_Py_RunGC",
-];
-
-/// C library frames at the root of every thread: plumbing too.
-const ROOT_PLUMBING: &[&str] = &[
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-    "__libc_start_main_impl",
-    "start_thread",
-    "clone3",
-    "clone",
-];
-
-/// What a native frame is to the merge, from its function and module.
-fn role(function: Option<&str>, module: &str, interpreter: &str) -> Role {
-    if module != interpreter {
-        return match function {
-            Some(f) if ROOT_PLUMBING.contains(&f) => Role::Internal,
-            _ => Role::Other,
-        };
-    }
-    match function {
-        Some(f)
-            if f == "_PyEval_EvalFrameDefault" || f.starts_with("_PyEval_EvalFrameDefault.") =>
-        {
-            Role::Eval
-        }
-        Some(f) if f.starts_with("_TAIL_CALL_") => Role::TailCall,
-        Some(f) if KEPT_INTERNALS.iter().any(|k| f.starts_with(k)) => Role::Other,
-        _ => Role::Internal,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn roles_of_native_frames() {
-        let py = "python3.11";
-        assert_eq!(role(Some("_PyEval_EvalFrameDefault"), py, py), Role::Eval);
-        assert_eq!(
-            role(Some("_PyEval_EvalFrameDefault.cold"), py, py),
-            Role::Eval
-        );
-        assert_eq!(role(Some("_TAIL_CALL_BINARY_OP"), py, py), Role::TailCall);
-        assert_eq!(role(Some("PyObject_Vectorcall"), py, py), Role::Internal);
-        assert_eq!(role(None, py, py), Role::Internal);
-        assert_eq!(role(Some("take_gil"), py, py), Role::Other);
-        assert_eq!(
-            role(Some("deflate_slow"), "libz.so.1.2.13", py),
-            Role::Other
-        );
-        assert_eq!(
-            role(Some("__libc_start_call_main"), "libc.so.6", py),
-            Role::Internal
-        );
-        // The same name outside the interpreter is somebody else's function.
-        assert_eq!(
-            role(Some("_PyEval_EvalFrameDefault"), "libfoo.so", py),
-            Role::Other
-        );
     }
 }

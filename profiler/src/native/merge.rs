@@ -238,6 +238,57 @@ fn failed(python_len: usize, out: &mut Vec<Piece>) -> Outcome {
     Outcome::Failed
 }
 
+/// Interpreter functions kept between eval loops: what a thread waits on or spends on
+/// collection, which people look for in a native profile.
+const KEPT_INTERNALS: &[&str] = &[
+    "time_sleep",
+    "pysleep",
+    "take_gil",
+    "drop_gil",
+    "PyThread_acquire_lock",
+    "acquire_timed",
+    "lock_PyThread_acquire_lock",
+    "rlock_acquire",
+    "PyMutex_Lock",
+    "_PyMutex_Lock",
+    "_PySemaphore_Wait",
+    "gc_collect",
+    "_PyGC_Collect",
+    "PyGC_Collect",
+    "_Py_RunGC",
+];
+
+/// C library frames at the root of every thread: plumbing too.
+const ROOT_PLUMBING: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone3",
+    "clone",
+];
+
+/// What a native frame is to the merge, from its function and module.
+pub fn role(function: Option<&str>, module: &str, interpreter: &str) -> Role {
+    if module != interpreter {
+        return match function {
+            Some(f) if ROOT_PLUMBING.contains(&f) => Role::Internal,
+            _ => Role::Other,
+        };
+    }
+    match function {
+        Some(f)
+            if f == "_PyEval_EvalFrameDefault" || f.starts_with("_PyEval_EvalFrameDefault.") =>
+        {
+            Role::Eval
+        }
+        Some(f) if f.starts_with("_TAIL_CALL_") => Role::TailCall,
+        Some(f) if KEPT_INTERNALS.iter().any(|k| f.starts_with(k)) => Role::Other,
+        _ => Role::Internal,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,5 +474,32 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(merge(&native, true, &[g(1)], 1, &mut out), Outcome::Merged);
         assert_eq!(out, [P(0), N(2)]);
+    }
+
+    #[test]
+    fn roles_of_native_frames() {
+        let py = "python3.11";
+        assert_eq!(role(Some("_PyEval_EvalFrameDefault"), py, py), Role::Eval);
+        assert_eq!(
+            role(Some("_PyEval_EvalFrameDefault.cold"), py, py),
+            Role::Eval
+        );
+        assert_eq!(role(Some("_TAIL_CALL_BINARY_OP"), py, py), Role::TailCall);
+        assert_eq!(role(Some("PyObject_Vectorcall"), py, py), Role::Internal);
+        assert_eq!(role(None, py, py), Role::Internal);
+        assert_eq!(role(Some("take_gil"), py, py), Role::Other);
+        assert_eq!(
+            role(Some("deflate_slow"), "libz.so.1.2.13", py),
+            Role::Other
+        );
+        assert_eq!(
+            role(Some("__libc_start_call_main"), "libc.so.6", py),
+            Role::Internal
+        );
+        // The same name outside the interpreter is somebody else's function.
+        assert_eq!(
+            role(Some("_PyEval_EvalFrameDefault"), "libfoo.so", py),
+            Role::Other
+        );
     }
 }

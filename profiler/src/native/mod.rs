@@ -255,17 +255,10 @@ impl Native {
             process.last_use = clock;
             return;
         }
-        if self.processes.len() >= MAX_PROCESSES {
-            // A linear scan, only when a new process arrives with the map full.
-            if let Some(oldest) = self
-                .processes
-                .iter()
-                .min_by_key(|(_, p)| p.last_use)
-                .map(|(pid, _)| *pid)
-            {
-                self.processes.remove(&oldest);
-                self.stats.process_evictions += 1;
-            }
+        if self.processes.len() >= MAX_PROCESSES
+            && modules::evict_least_recent(&mut self.processes, |p| p.last_use)
+        {
+            self.stats.process_evictions += 1;
         }
         let maps = modules::read_exec_maps(pid).unwrap_or_else(|err| {
             self.stats.maps_errors += 1;

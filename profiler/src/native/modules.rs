@@ -289,13 +289,7 @@ impl FileCache {
             return;
         }
         // A linear scan, only when a new file arrives with the cache full: 512 entries.
-        if let Some(oldest) = self
-            .files
-            .iter()
-            .min_by_key(|(_, f)| f.last_use)
-            .map(|(k, _)| *k)
-        {
-            self.files.remove(&oldest);
+        if evict_least_recent(&mut self.files, |f| f.last_use) {
             self.stats.file_cache_evictions += 1;
             self.broken.clear();
         }
@@ -409,6 +403,16 @@ fn read_elf(file: &File) -> Result<(UnwindSections, Vec<Segment>), object::Error
         eh_frame,
     };
     Ok((unwind, segments))
+}
+
+/// Removes the entry of `map` used longest ago (a linear scan: for bounded caches, when a new
+/// entry arrives with the cache full). Returns whether one was removed.
+pub(crate) fn evict_least_recent<K: Copy + Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
+    map: &mut std::collections::HashMap<K, V, S>,
+    last_use: impl Fn(&V) -> u64,
+) -> bool {
+    let oldest = map.iter().min_by_key(|(_, v)| last_use(v)).map(|(k, _)| *k);
+    oldest.is_some_and(|k| map.remove(&k).is_some())
 }
 
 #[cfg(test)]
