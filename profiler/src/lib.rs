@@ -16,6 +16,7 @@ pub mod complete;
 pub mod decode;
 pub mod discovery;
 pub mod driver;
+pub mod dump;
 pub mod elf;
 pub mod identity;
 pub mod idle;
