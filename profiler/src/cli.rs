@@ -254,7 +254,7 @@ pub struct RecordArgs {
     /// count once per sampling period the thread was not on a CPU, so every thread gets about
     /// rate × seconds samples whether it ran or waited. Off-CPU stacks end in an `<idle>`
     /// frame, so in a flame graph waiting sits on top of the function that waits, next to its
-    /// CPU time.
+    /// CPU time. A runnable thread that only waited for a free CPU is not idle.
     #[arg(long)]
     pub idle: bool,
     /// Keep only samples whose thread holds the GIL: threads running C code that released it

@@ -6,6 +6,8 @@
 //! for the sampling periods (`rate × time`) since the previous one; a thread state with a current
 //! frame gets one idle stack weighted by the periods it was *not* sampled on a CPU, so a thread
 //! asleep the whole time gets `rate × duration` samples, as it would if it had been running.
+//! A thread that is runnable (`R` in `/proc`) when the pass looks was waiting for a CPU, not
+//! idle: it gets no idle stack (counted in [`IdleStats::runnable`]).
 //!
 //! The stack comes from bulk copies of the thread's stack chunks, walked like deep stacks are
 //! completed (`complete::StackCopy`), and is accepted only if the thread's current frame did
@@ -14,7 +16,8 @@
 //! is unchanged since its previous pass are reused without reading anything.
 //!
 //! Work is bounded: at most [`MAX_WALKS_PER_PASS`] stack walks per pass (what is left over is
-//! counted in [`IdleStats::skipped`]), and the thread lists as `python::threads` bounds them. Without `--idle` none of this runs.
+//! counted in [`IdleStats::skipped`]), and the thread lists as `python::threads` bounds them.
+//! Without `--idle` none of this runs.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -44,6 +47,8 @@ pub struct IdleStats {
     pub threads: u64,
     /// ...of which were on a CPU for the whole pass (the kernel sampled them).
     pub on_cpu: u64,
+    /// ...of which were runnable but not caught on a CPU: waiting for one, not idle.
+    pub runnable: u64,
     /// Idle stacks produced.
     pub stacks: u64,
     /// Samples those stacks stand for (sampling periods off-CPU).
@@ -211,6 +216,18 @@ impl IdleSampler {
                 self.stats.on_cpu += 1;
                 continue;
             }
+            let tid = fields.native_id as u32;
+            let tid = if proc.ns_pid.is_some() {
+                self.host_tid(proc.pid, tid)
+            } else {
+                tid
+            };
+            // A runnable thread the kernel did not catch on a CPU was waiting for one, not
+            // idle: on a loaded machine a busy thread would otherwise show as `<idle>`.
+            if crate::procfs::stat(tid).is_ok_and(|s| s.state == 'R') {
+                self.stats.runnable += 1;
+                continue;
+            }
             if *budget == 0 {
                 self.stats.skipped += 1;
                 self.stats.skipped_samples += weight;
@@ -221,12 +238,6 @@ impl IdleSampler {
                 Ok(Some((frames, truncated))) => {
                     self.stats.stacks += 1;
                     self.stats.samples += weight;
-                    let tid = fields.native_id as u32;
-                    let tid = if proc.ns_pid.is_some() {
-                        self.host_tid(proc.pid, tid)
-                    } else {
-                        tid
-                    };
                     out.push(IdleStack {
                         tid,
                         tstate,
