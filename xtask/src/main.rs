@@ -7,6 +7,7 @@ mod bench_proc;
 mod bench_report;
 mod bench_run;
 mod codegen;
+mod consumers;
 mod demo;
 mod run;
 mod setup;
