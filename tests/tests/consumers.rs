@@ -41,8 +41,12 @@ use tests::{
 const SECONDS: &str = "2";
 /// Fewest samples a recording must hold for its shares to mean something.
 const MIN_SAMPLES: u64 = 20;
-/// chain.py's functions, root first.
+/// chain.py's functions, root first: the flame graph's frames.
 const CHAIN: [&str; 4] = ["<module>", "top", "mid", "leaf"];
+/// split.py's functions: the speedscope tests use it because its shares are not all 100%
+/// (`seventy` and `thirty` split the time 70/30), so that comparing the shares speedscope
+/// shows with the file's tells something.
+const SPLIT: [&str; 4] = ["<module>", "seventy", "thirty", "unit"];
 /// Virtual time Chromium gives a page to load, fetch and render before it is read.
 const BUDGET_MS: u32 = 5000;
 /// Largest gap, in percentage points, between a share speedscope shows (rounded to 0.01 to 1
@@ -55,10 +59,12 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The first interpreter found (probed once for the whole file).
 fn interpreter() -> Interpreter {
-    interpreters_logged()
-        .into_iter()
-        .next()
+    static FIRST: std::sync::OnceLock<Option<Interpreter>> = std::sync::OnceLock::new();
+    FIRST
+        .get_or_init(|| interpreters_logged().into_iter().next())
+        .clone()
         .expect("no supported interpreter found")
 }
 
@@ -79,12 +85,12 @@ impl Drop for Recorded {
     }
 }
 
-/// Records chain.py under `interp` for [`SECONDS`] with `-f format`; panics unless it works.
-fn record_chain(interp: &Interpreter, format: &str, ext: &str) -> Recorded {
+/// Records `script` under `interp` for [`SECONDS`] with `-f format`; panics unless it works.
+fn record(interp: &Interpreter, script: &str, format: &str, ext: &str) -> Recorded {
     let recorded = Recorded {
         path: temp_path(&format!("consumer-{format}"), ext),
     };
-    let workload = Workload::start(interp, "chain.py", &[]);
+    let workload = Workload::start(interp, script, &[]);
     let out = Command::new(pyebpf_bin())
         .args(["record", "-f", format, "-o"])
         .arg(&recorded.path)
@@ -182,14 +188,14 @@ fn check_rows(rows: &[SandwichRow], expected: &[Share], wanted: &[String]) {
 }
 
 /// `-f speedscope` loads in the speedscope app: the title is the file's name, the toolbar
-/// names the active profile, and the sandwich table lists chain.py's functions with the shares
+/// names the active profile, and the sandwich table lists split.py's functions with the shares
 /// the file gives them. The same check fails on a truncated copy of that file, so it can fail.
 #[test]
 fn speedscope_app_loads_the_recorded_profile() {
     let _turn = one_at_a_time();
     let app = speedscope_app();
     let interp = interpreter();
-    let recorded = record_chain(&interp, "speedscope", "json");
+    let recorded = record(&interp, "split.py", "speedscope", "json");
     let text = std::fs::read_to_string(&recorded.path).expect("reading the profile");
     let json: Value = serde_json::from_str(&text).expect("the profile is JSON");
 
@@ -218,7 +224,7 @@ fn speedscope_app_loads_the_recorded_profile() {
         let name = frame["name"].as_str().unwrap_or_default().to_string();
         (name, frame["file"].as_str().map(str::to_string))
     });
-    let chain: Vec<String> = CHAIN.iter().map(|f| f.to_string()).collect();
+    let wanted: Vec<String> = SPLIT.iter().map(|f| f.to_string()).collect();
 
     // The same file cut in half: not JSON any more, which speedscope must refuse.
     let broken = Recorded {
@@ -243,13 +249,13 @@ fn speedscope_app_loads_the_recorded_profile() {
         "the toolbar does not name the profile {active_name:?}: {}",
         view.text
     );
-    check_rows(&view.rows, &expected, &chain);
-    let leaf = view.rows.iter().find(|r| r.symbol == "leaf").unwrap();
+    check_rows(&view.rows, &expected, &wanted);
+    let hot = view.rows.iter().find(|r| r.symbol == "seventy").unwrap();
     assert!(
-        leaf.file
+        hot.file
             .as_deref()
-            .is_some_and(|f| f.ends_with("chain.py")),
-        "leaf's file: {leaf:?}"
+            .is_some_and(|f| f.ends_with("/split.py")),
+        "seventy's file: {hot:?}"
     );
     eprintln!("speedscope shows: {:#?}", view.rows);
 
@@ -260,14 +266,14 @@ fn speedscope_app_loads_the_recorded_profile() {
 }
 
 /// `-f collapsed` loads in the speedscope app, whose collapsed-stack importer is a reader of
-/// its own: every frame label it lists carries the share the file gives it, and chain.py's
-/// functions are there with their `file:line` labels.
+/// its own: every frame label it lists carries the share the file gives it, and split.py's
+/// functions are there with their `function (file:line)` labels.
 #[test]
 fn speedscope_app_reads_collapsed_stacks() {
     let _turn = one_at_a_time();
     let app = speedscope_app();
     let interp = interpreter();
-    let recorded = record_chain(&interp, "collapsed", "txt");
+    let recorded = record(&interp, "split.py", "collapsed", "txt");
     let text = std::fs::read_to_string(&recorded.path).expect("reading the stacks");
     let stacks = parse_collapsed(&text);
     let weight: u64 = stacks.iter().map(|(_, w)| w).sum();
@@ -277,22 +283,15 @@ fn speedscope_app_reads_collapsed_stacks() {
         interp.label
     );
     let expected = shares(&stacks, |label: &String| (label.clone(), None));
-    let lines = marker_lines("chain.py");
-    let chain: Vec<String> = CHAIN
+    // One label of each function (any line of it).
+    let wanted: Vec<String> = SPLIT
         .iter()
         .map(|function| {
-            let marker = if *function == "<module>" {
-                "module"
-            } else {
-                function
-            };
             let label = stacks
                 .iter()
                 .flat_map(|(s, _)| s)
                 .find(|l| {
-                    parse_label(l).is_some_and(|p| {
-                        p.function == *function && p.file == "chain.py" && p.line == lines[marker]
-                    })
+                    parse_label(l).is_some_and(|p| p.function == *function && p.file == "split.py")
                 })
                 .unwrap_or_else(|| panic!("no {function} frame in the collapsed stacks: {text}"));
             label.clone()
@@ -304,7 +303,7 @@ fn speedscope_app_reads_collapsed_stacks() {
     let view = open_in_speedscope(&server, &name)
         .unwrap_or_else(|e| panic!("speedscope did not load pyebpf's collapsed stacks: {e}"));
     assert_eq!(view.title, format!("{name} - speedscope"));
-    check_rows(&view.rows, &expected, &chain);
+    check_rows(&view.rows, &expected, &wanted);
     eprintln!("speedscope shows: {:#?}", view.rows);
 }
 
@@ -328,6 +327,20 @@ fn svg_frames(svg: &str) -> Vec<SvgFrame> {
             })
         })
         .collect()
+}
+
+/// `Ok` when a `--dump-dom` is a parsed SVG document: the root is `<svg>` in the SVG
+/// namespace, and there is no `<parsererror>` (which Chromium puts into what it could parse
+/// when the XML is bad).
+fn parsed_svg(dom: &str) -> Result<(), String> {
+    let root = root_tag(dom);
+    if !(root.starts_with("<svg ") && root.contains(r#"xmlns="http://www.w3.org/2000/svg""#)) {
+        return Err(format!("the document is not an SVG (root {root})"));
+    }
+    if dom.contains("<parsererror") {
+        return Err("Chromium reports an XML parser error".into());
+    }
+    Ok(())
 }
 
 /// The opening tag of a serialized document's root element (after its doctype and comments).
@@ -363,21 +376,14 @@ fn length(tag: &str, name: &str) -> Option<f64> {
 fn flamegraph_svg_parses_and_draws_in_chromium() {
     let _turn = one_at_a_time();
     let interp = interpreter();
-    let recorded = record_chain(&interp, "flamegraph", "svg");
+    let recorded = record(&interp, "chain.py", "flamegraph", "svg");
     let url = format!("file://{}", recorded.path.display());
     let dom = chromium()
         .dump_dom(&url, 2000)
         .unwrap_or_else(|e| panic!("chromium could not open the flame graph: {e}"));
-    let root = root_tag(&dom);
-    assert!(
-        root.starts_with("<svg ") && root.contains(r#"xmlns="http://www.w3.org/2000/svg""#),
-        "the document is not an SVG: {}",
-        &dom[..dom.len().min(500)]
-    );
-    assert!(
-        !dom.contains("parsererror"),
-        "Chromium reports a parser error: {dom}"
-    );
+    if let Err(e) = parsed_svg(&dom) {
+        panic!("{e}: {}", &dom[..dom.len().min(2000)]);
+    }
 
     let frames = svg_frames(&dom);
     let lines = marker_lines("chain.py");
@@ -422,6 +428,21 @@ fn flamegraph_svg_parses_and_draws_in_chromium() {
             (pair[1].0, pair[1].1)
         );
     }
+
+    // The same SVG cut in half must fail the check: it can tell a document Chromium refused.
+    let svg = std::fs::read(&recorded.path).expect("reading the flame graph");
+    let broken = Recorded {
+        path: temp_path("consumer-broken", "svg"),
+    };
+    std::fs::write(&broken.path, &svg[..svg.len() / 2]).unwrap();
+    let broken_url = format!("file://{}", broken.path.display());
+    let broken_dom = chromium()
+        .dump_dom(&broken_url, 2000)
+        .unwrap_or_else(|e| panic!("chromium could not open the truncated flame graph: {e}"));
+    let err = parsed_svg(&broken_dom)
+        .err()
+        .expect("the check passed on a truncated SVG: it cannot tell a refused file");
+    eprintln!("truncated flame graph, as expected: {err}");
 
     let png = temp_path("consumer-flamegraph", "png");
     chromium()

@@ -59,7 +59,10 @@ impl Consumers {
 pub fn ensure() -> Consumers {
     let chromium = ensure_chromium();
     let speedscope = ensure_speedscope(Path::new(DEFAULT_SPEEDSCOPE_DIR));
-    for err in [&chromium, &speedscope].into_iter().filter_map(|r| r.as_ref().err()) {
+    for err in [&chromium, &speedscope]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+    {
         eprintln!("{err:#}\n  the consumer tests (tests/tests/consumers.rs) will fail");
     }
     Consumers {
@@ -87,7 +90,10 @@ fn ensure_speedscope(prefix: &Path) -> Result<PathBuf> {
     if installed_version(&package).as_deref() == Some(SPEEDSCOPE_VERSION)
         && app.join("index.html").is_file()
     {
-        eprintln!("ok: speedscope {SPEEDSCOPE_VERSION} in {}", prefix.display());
+        eprintln!(
+            "ok: speedscope {SPEEDSCOPE_VERSION} in {}",
+            prefix.display()
+        );
         return Ok(app);
     }
     if !util::on_path("npm") {
