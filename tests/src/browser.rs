@@ -71,8 +71,9 @@ pub fn speedscope_app() -> PathBuf {
 
 /// Headless Chromium with a fresh profile directory for every run.
 pub struct Chromium {
+    binary: PathBuf,
     /// Longest a run may take before it is killed and reported as hung.
-    pub timeout: Duration,
+    timeout: Duration,
 }
 
 /// What one Chromium run printed.
@@ -94,10 +95,18 @@ impl Run {
 }
 
 impl Chromium {
+    /// Finds the binary now ([`chromium`]), so that a test without it fails before it records.
+    pub fn new(timeout: Duration) -> Chromium {
+        Chromium {
+            binary: chromium(),
+            timeout,
+        }
+    }
+
     /// Runs Chromium on `url` with `args` (e.g. `--dump-dom`); `Err` when it fails or hangs.
     pub fn run(&self, args: &[&str], url: &str) -> Result<Run, String> {
         let profile = temp_path("chromium", "d");
-        let mut child = Command::new(chromium())
+        let mut child = Command::new(&self.binary)
             .args([
                 "--headless",
                 "--no-sandbox",
@@ -118,7 +127,7 @@ impl Chromium {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("starting {}: {e}", chromium().display()))?;
+            .map_err(|e| format!("starting {}: {e}", self.binary.display()))?;
         let mut stdout = child.stdout.take().unwrap();
         let mut stderr = child.stderr.take().unwrap();
         let out = std::thread::spawn(move || {

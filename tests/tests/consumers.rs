@@ -68,10 +68,9 @@ fn interpreter() -> Interpreter {
         .expect("no supported interpreter found")
 }
 
+/// Chromium, or a panic saying why it is missing.
 fn chromium() -> Chromium {
-    Chromium {
-        timeout: tests::stretch(Duration::from_secs(60)),
-    }
+    Chromium::new(tests::stretch(Duration::from_secs(60)))
 }
 
 /// A file `pyebpf record` wrote; removed when dropped.
@@ -114,13 +113,17 @@ fn file_name(path: &Path) -> String {
 
 /// speedscope at `server`, on `/profiles/NAME` in its sandwich view, as its DOM shows it.
 /// No `&title=`: the app would show that instead of the name it read from the file.
-fn open_in_speedscope(server: &StaticServer, name: &str) -> Result<SpeedscopeView, String> {
+fn open_in_speedscope(
+    browser: &Chromium,
+    server: &StaticServer,
+    name: &str,
+) -> Result<SpeedscopeView, String> {
     let profile = server.url(&format!("/profiles/{name}"));
     let url = server.url(&format!(
         "/index.html#profileURL={}&view=sandwich",
         url_encode(&profile)
     ));
-    let dom = chromium().dump_dom(&url, BUDGET_MS)?;
+    let dom = browser.dump_dom(&url, BUDGET_MS)?;
     speedscope_view(&dom)
 }
 
@@ -193,6 +196,7 @@ fn check_rows(rows: &[SandwichRow], expected: &[Share], wanted: &[String]) {
 #[test]
 fn speedscope_app_loads_the_recorded_profile() {
     let _turn = one_at_a_time();
+    let browser = chromium();
     let app = speedscope_app();
     let interp = interpreter();
     let recorded = record(&interp, "split.py", "speedscope", "json");
@@ -239,7 +243,7 @@ fn speedscope_app_loads_the_recorded_profile() {
         ]),
     );
 
-    let view = open_in_speedscope(&server, "recorded.json")
+    let view = open_in_speedscope(&browser, &server, "recorded.json")
         .unwrap_or_else(|e| panic!("speedscope did not load pyebpf's profile: {e}"));
     let name = json["name"].as_str().expect("the file's name");
     assert_eq!(view.title, format!("{name} - speedscope"));
@@ -259,9 +263,8 @@ fn speedscope_app_loads_the_recorded_profile() {
     );
     eprintln!("speedscope shows: {:#?}", view.rows);
 
-    let err = open_in_speedscope(&server, "broken.json")
-        .err()
-        .expect("the check passed on a truncated profile: it cannot tell a refused file");
+    let err = open_in_speedscope(&browser, &server, "broken.json")
+        .expect_err("the check passed on a truncated profile: it cannot tell a refused file");
     eprintln!("truncated profile, as expected: {err}");
 }
 
@@ -271,6 +274,7 @@ fn speedscope_app_loads_the_recorded_profile() {
 #[test]
 fn speedscope_app_reads_collapsed_stacks() {
     let _turn = one_at_a_time();
+    let browser = chromium();
     let app = speedscope_app();
     let interp = interpreter();
     let recorded = record(&interp, "split.py", "collapsed", "txt");
@@ -300,7 +304,7 @@ fn speedscope_app_reads_collapsed_stacks() {
 
     let name = file_name(&recorded.path);
     let server = StaticServer::start(&app, HashMap::from([(name.clone(), recorded.path.clone())]));
-    let view = open_in_speedscope(&server, &name)
+    let view = open_in_speedscope(&browser, &server, &name)
         .unwrap_or_else(|e| panic!("speedscope did not load pyebpf's collapsed stacks: {e}"));
     assert_eq!(view.title, format!("{name} - speedscope"));
     check_rows(&view.rows, &expected, &wanted);
@@ -375,10 +379,11 @@ fn length(tag: &str, name: &str) -> Option<f64> {
 #[test]
 fn flamegraph_svg_parses_and_draws_in_chromium() {
     let _turn = one_at_a_time();
+    let browser = chromium();
     let interp = interpreter();
     let recorded = record(&interp, "chain.py", "flamegraph", "svg");
     let url = format!("file://{}", recorded.path.display());
-    let dom = chromium()
+    let dom = browser
         .dump_dom(&url, 2000)
         .unwrap_or_else(|e| panic!("chromium could not open the flame graph: {e}"));
     if let Err(e) = parsed_svg(&dom) {
@@ -436,16 +441,15 @@ fn flamegraph_svg_parses_and_draws_in_chromium() {
     };
     std::fs::write(&broken.path, &svg[..svg.len() / 2]).unwrap();
     let broken_url = format!("file://{}", broken.path.display());
-    let broken_dom = chromium()
+    let broken_dom = browser
         .dump_dom(&broken_url, 2000)
         .unwrap_or_else(|e| panic!("chromium could not open the truncated flame graph: {e}"));
     let err = parsed_svg(&broken_dom)
-        .err()
-        .expect("the check passed on a truncated SVG: it cannot tell a refused file");
+        .expect_err("the check passed on a truncated SVG: it cannot tell a refused file");
     eprintln!("truncated flame graph, as expected: {err}");
 
     let png = temp_path("consumer-flamegraph", "png");
-    chromium()
+    browser
         .screenshot(&url, &png, 2000)
         .unwrap_or_else(|e| panic!("chromium could not draw the flame graph: {e}"));
     let pixels = decode_rgb(&png);
