@@ -441,7 +441,7 @@ pub fn speedscope_view(dom: &str) -> Result<SpeedscopeView, String> {
         }
         rows.push(SandwichRow {
             symbol: text_of(cells[2]).trim().to_string(),
-            file: attribute(tds[2], "title"),
+            file: attribute(tds[2], "title").filter(|f| !f.is_empty()),
             total_percent: percent(&text_of(cells[0]))?,
             self_percent: percent(&text_of(cells[1]))?,
         });

@@ -135,3 +135,34 @@ fn which(program: &str) -> Option<PathBuf> {
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_install_reaches_the_tests_as_its_reason() {
+        let consumers = Consumers {
+            chromium: Ok(PathBuf::from("/usr/bin/chromium")),
+            speedscope: Err(anyhow::anyhow!("npm failed")),
+        };
+        let env = consumers.env();
+        assert!(env.contains(&("PYEBPF_CHROMIUM", "/usr/bin/chromium".into())));
+        assert!(!env.iter().any(|(var, _)| *var == "PYEBPF_SPEEDSCOPE"));
+        assert!(env.contains(&("PYEBPF_CONSUMERS_ERROR", "npm failed".into())));
+    }
+
+    #[test]
+    fn reads_the_installed_version() {
+        let dir = std::env::temp_dir().join(format!("xtask-consumers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(installed_version(&dir), None);
+        std::fs::write(
+            dir.join("package.json"),
+            r#"{"name":"speedscope","version":"1.25.0"}"#,
+        )
+        .unwrap();
+        assert_eq!(installed_version(&dir).as_deref(), Some("1.25.0"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
