@@ -37,10 +37,12 @@ use tests::{
     Interpreter, Workload,
 };
 
-/// How long each recording lasts, in seconds.
+/// How long each recording lasts, in seconds, and at what rate: a workload on a loaded machine
+/// (other builds and tests running) may get a tenth of a CPU, 50 samples.
 const SECONDS: &str = "2";
-/// Fewest samples a recording must hold for its shares to mean something.
-const MIN_SAMPLES: u64 = 20;
+const RATE: &str = "250";
+/// Fewest samples a recording must hold for what the consumer shows to mean something.
+const MIN_SAMPLES: u64 = 10;
 /// chain.py's functions, root first: the flame graph's frames.
 const CHAIN: [&str; 4] = ["<module>", "top", "mid", "leaf"];
 /// split.py's functions: the speedscope tests use it because its shares are not all 100%
@@ -93,7 +95,7 @@ fn record(interp: &Interpreter, script: &str, format: &str, ext: &str) -> Record
     let out = Command::new(pyebpf_bin())
         .args(["record", "-f", format, "-o"])
         .arg(&recorded.path)
-        .args(["-p", &workload.pid().to_string(), "-d", SECONDS])
+        .args(["-p", &workload.pid().to_string(), "-d", SECONDS, "-r", RATE])
         .output()
         .expect("running pyebpf");
     drop(workload);
