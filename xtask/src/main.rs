@@ -4,6 +4,7 @@
 mod apt;
 mod bench;
 mod codegen;
+mod consumers;
 mod demo;
 mod run;
 mod setup;

@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the project's one test command.
 //!
-//! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> sid root -> build `pyebpf` ->
-//! `cargo test --workspace` with `PYEBPF_BIN` and `PYEBPF_SID_ROOT` set for the integration
-//! tests.
+//! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
+//! consumer tests) -> sid root -> build `pyebpf` -> `cargo test --workspace` with
+//! `PYEBPF_BIN`, `PYEBPF_SID_ROOT` and the consumers' paths (`consumers::Consumers::env`) set
+//! for the integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
 
@@ -10,6 +11,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 
 use crate::apt;
+use crate::consumers;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
@@ -76,6 +78,11 @@ pub fn test(args: &TestArgs) -> Result<()> {
     }
     done("tmux", &mut lap);
 
+    // tests/tests/consumers.rs opens the flame graph and the speedscope profile where users do.
+    util::step("chromium and speedscope (for the consumer tests)");
+    let consumers = consumers::ensure();
+    done("consumers", &mut lap);
+
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);
     if args.no_sidroot {
@@ -99,6 +106,7 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let mut cmd = util::cargo();
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
+        .envs(consumers.env())
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");
