@@ -18,6 +18,16 @@ fn main() -> anyhow::Result<()> {
     );
     let root_dir = ebpf_dir.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").context("OUT_DIR")?);
+    // `AYA_BUILD_SKIP=1` (aya-build's own switch): builds that never load BPF, such as the
+    // fuzz targets (`cargo xtask fuzz`), skip the nightly BPF build and embed empty objects.
+    println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
+    if std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true")) {
+        for object in ["profiler-ebpf-log", "profiler-ebpf"] {
+            std::fs::write(out_dir.join(object), [])
+                .with_context(|| format!("writing the empty {object}"))?;
+        }
+        return Ok(());
+    }
     // Two objects: `profiler-ebpf-log` has the `--debug-bpf` diagnostics compiled in, the
     // default one has no log code at all. aya-build writes both to `OUT_DIR/profiler-ebpf`,
     // so the first is renamed before the second is built.

@@ -16,8 +16,8 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use profiler_common::{
-    fold_frame, FrameRecord, SampleHeader, FRAME_HEADER_BYTES, SAMPLE_DEEP_INCOMPLETE,
-    SAMPLE_READ_ERROR,
+    fold_frame, FrameRecord, SampleHeader, FRAME_HEADER_BYTES, MAX_DEEP_FRAMES,
+    SAMPLE_DEEP_INCOMPLETE, SAMPLE_READ_ERROR,
 };
 
 use crate::memory::{Fields, ProcessMemory};
@@ -88,8 +88,12 @@ impl Completer {
         layout: &PyLayout,
         header: &SampleHeader,
     ) -> Option<Arc<[FrameRecord]>> {
+        // The kernel folds at most MAX_DEEP_FRAMES frames into `deep_hash`; a header claiming
+        // more is corrupt, and walking that many frames round a cyclic chain in a chunk copy
+        // would take minutes.
         if header.flags & (SAMPLE_DEEP_INCOMPLETE | SAMPLE_READ_ERROR) != 0
             || header.next_frame == 0
+            || header.deep_frames > MAX_DEEP_FRAMES
         {
             self.stats.truncated += 1;
             return None;
@@ -410,6 +414,29 @@ mod tests {
             completer.cached_tails(),
             0,
             "nothing cached for a rejected stack"
+        );
+    }
+
+    #[test]
+    fn a_header_claiming_more_frames_than_the_kernel_folds_is_refused_without_a_walk() {
+        // A chain whose last frame points back at the first: only `deep_frames` ends the walk,
+        // so u32::MAX of it (a bound found auditing for the `complete` fuzz target) is refused.
+        let layout = builtin(PyVersion::from_hex(0x030c_01f0)).unwrap();
+        let mut s = stack(&layout);
+        let k = &layout.kernel;
+        let last = k.chunk_data as usize + 2 * FRAME_HEADER_BYTES + k.frame_previous as usize;
+        s.chunk[last..last + 8].copy_from_slice(&s.frames[0].to_le_bytes());
+        let mut completer = Completer::default();
+        let pid = std::process::id();
+        let mut h = header(&s, 0);
+        h.deep_frames = u32::MAX;
+        let started = std::time::Instant::now();
+        assert!(completer.complete(pid, pid, &layout, &h).is_none());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!(
+            (completer.stats.truncated, completer.stats.reads),
+            (1, 0),
+            "refused before reading"
         );
     }
 }

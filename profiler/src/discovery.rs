@@ -234,7 +234,7 @@ pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
     Ok(text.lines().filter_map(parse_maps_line).collect())
 }
 
-fn parse_maps_line(line: &str) -> Option<Mapping> {
+pub(crate) fn parse_maps_line(line: &str) -> Option<Mapping> {
     let mut fields = line.splitn(6, ' ');
     let range = fields.next()?;
     let _perms = fields.next()?;

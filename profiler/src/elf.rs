@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use anyhow::{anyhow, Context, Result};
 use object::elf::{FileHeader64, PT_LOAD, SHT_DYNSYM, SHT_SYMTAB};
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _, Sym as _};
-use object::{Endianness, ReadCache, ReadRef as _};
+use object::{Endianness, ReadCache, ReadRef};
 
 /// Facts about one ELF file that contains a CPython runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,8 +49,17 @@ pub fn keeps_frame_pointer(code: &[u8]) -> bool {
 pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let data = ReadCache::new(file);
-    let data = &data;
-    let what = || format!("parsing ELF {}", path.display());
+    parse_data(&data, &path.display().to_string())
+}
+
+/// [`parse`] over a file already in memory (the fuzz targets feed it arbitrary bytes).
+pub fn parse_bytes(data: &[u8]) -> Result<Option<PythonElf>> {
+    parse_data(data, "(in memory)")
+}
+
+/// The one parser behind [`parse`] and [`parse_bytes`]; `name` is for messages.
+fn parse_data<'data, R: ReadRef<'data>>(data: R, name: &str) -> Result<Option<PythonElf>> {
+    let what = || format!("parsing ELF {name}");
     let header = FileHeader64::<Endianness>::parse(data).with_context(what)?;
     let endian = header.endian().with_context(what)?;
     let sections = header.sections(endian, data).with_context(what)?;
@@ -83,10 +92,7 @@ pub fn parse(path: &Path) -> Result<Option<PythonElf>> {
             })
     };
     let runtime_file_offset = file_offset(runtime_vaddr).ok_or_else(|| {
-        anyhow!(
-            "{}: _PyRuntime at {runtime_vaddr:#x} is in no loadable segment",
-            path.display()
-        )
+        anyhow!("{name}: _PyRuntime at {runtime_vaddr:#x} is in no loadable segment")
     })?;
     let version_hex = symbol(b"Py_Version").and_then(|addr| {
         let bytes = data.read_bytes_at(file_offset(addr)?, 4).ok()?;

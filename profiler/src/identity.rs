@@ -265,7 +265,7 @@ impl Environ {
         env
     }
 
-    fn service_name(&self) -> Option<(String, ServiceSource)> {
+    pub(crate) fn service_name(&self) -> Option<(String, ServiceSource)> {
         let named = |v: &Option<String>| {
             v.as_deref()
                 .map(str::trim)

@@ -22,6 +22,8 @@ pub mod discovery;
 pub mod driver;
 pub mod dump;
 pub mod elf;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod identity;
 pub mod idle;
 pub mod lifecycle;

@@ -6,6 +6,7 @@ mod bench;
 mod codegen;
 mod consumers;
 mod demo;
+mod fuzz;
 mod run;
 mod setup;
 mod sidroot;
@@ -43,6 +44,13 @@ enum Cmd {
     Run(run::RunArgs),
     /// Overhead and accuracy of pyebpf vs py-spy and Tachyon; writes BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Fuzz the parsers of data read from other processes (cargo-fuzz, libFuzzer).
+    ///
+    /// Runs each target in fuzz/ (or TARGET) for --seconds (or --runs inputs) with low memory
+    /// limits and a timeout, and prints executions, coverage and crashes per target. Installs
+    /// cargo-fuzz and the nightly toolchain when missing. `--seeds` regenerates fuzz/seeds/
+    /// from the interpreters the tests use. Not part of `test`.
+    Fuzz(fuzz::FuzzArgs),
     /// Smoke-test pyebpf on other kernels: boot each under qemu and run a few real tests.
     ///
     /// Each kernel is booted under qemu (emulated: no KVM here) with virtme-ng, which shows
@@ -74,6 +82,7 @@ fn main() {
         Cmd::Sidroot(args) => sidroot::sidroot(&args).map(|_| ()),
         Cmd::Test(args) => test::test(&args),
         Cmd::Demo => demo::demo(),
+        Cmd::Fuzz(args) => fuzz::fuzz(&args),
         Cmd::Build => run::build_release().map(|_| ()),
         Cmd::Bench(args) => bench::bench(&args),
         Cmd::VmTest(args) => vm::vm_test(&args),

@@ -49,7 +49,7 @@ fn check_rustup() -> Result<()> {
     Ok(())
 }
 
-fn ensure_nightly() -> Result<()> {
+pub(crate) fn ensure_nightly() -> Result<()> {
     let list = probe_stdout(Command::new("rustup").args(["toolchain", "list"]))
         .context("`rustup toolchain list` failed")?;
     if !list

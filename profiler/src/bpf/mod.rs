@@ -149,6 +149,10 @@ impl Sampler {
             loader.override_global("DEBUG", &debug.0, true);
             OBJECT_WITH_LOG
         };
+        anyhow::ensure!(
+            !object.is_empty(),
+            "this pyebpf was built with AYA_BUILD_SKIP=1 and has no BPF programs: rebuild without it"
+        );
         let mut ebpf = loader.load(object).context("loading the BPF object")?;
         let logger = if debug != DebugBpf::OFF {
             Some(
