@@ -20,7 +20,7 @@ use profiler_common::{
     SAMPLE_DEEP_INCOMPLETE, SAMPLE_READ_ERROR,
 };
 
-use crate::memory::{Fields, ProcessMemory};
+use crate::memory::{Fields, ProcessMemory, ReadError};
 use crate::python::code::read_tag;
 use crate::python::layout::PyLayout;
 
@@ -34,6 +34,29 @@ const CHUNK_FIRST_READ: usize = 16 << 10;
 const MAX_LOOSE_FRAMES: usize = 1024;
 /// Cached tails, all threads together; past this the cache starts over.
 const MAX_TAILS: usize = 4096;
+
+/// Why a stack could not be copied, walked or completed. `Read(Gone)` (the target exited)
+/// stays apart from garbage in its memory.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("short {0}")]
+    Short(&'static str),
+    #[error("implausible stack chunk of {size} bytes at {addr:#x}")]
+    ImplausibleChunk { size: u64, addr: u64 },
+    #[error("too many frames outside stack chunks")]
+    TooManyLooseFrames,
+    #[error("the stack is deeper than at sample time")]
+    Deeper,
+    #[error("the stack changed since the sample ({now} frames vs {then} at sample time)")]
+    Changed { now: u32, then: u32 },
+    #[error("code object at {addr:#x}: {why}")]
+    Tag { addr: u64, why: String },
+    /// Re-reading the thread state, to see whether the stack moved while it was copied.
+    #[error(transparent)]
+    Thread(#[from] crate::python::threads::ThreadsError),
+}
 
 /// Where each sample's stack came from.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
@@ -143,19 +166,19 @@ impl Completer {
         mem: &ProcessMemory,
         layout: &PyLayout,
         header: &SampleHeader,
-    ) -> Result<Vec<FrameRecord>, String> {
+    ) -> Result<Vec<FrameRecord>, StackError> {
         let reads = &mut self.stats.reads;
         let stack = StackCopy::read(mem, layout, header.datastack_chunk, reads)?;
         let mut walked = stack.walk(mem, layout, header.next_frame, header.deep_frames, reads)?;
         if !walked.complete {
-            return Err("the stack is deeper than at sample time".into());
+            return Err(StackError::Deeper);
         }
         if walked.count != header.deep_frames || walked.hash != header.deep_hash {
             self.stats.changed += 1;
-            return Err(format!(
-                "the stack changed since the sample ({} frames vs {} at sample time)",
-                walked.count, header.deep_frames
-            ));
+            return Err(StackError::Changed {
+                now: walked.count,
+                then: header.deep_frames,
+            });
         }
         tag_frames(mem, layout, &mut walked.frames, reads)?;
         Ok(walked.frames)
@@ -180,9 +203,14 @@ pub(crate) struct WalkedStack {
     pub complete: bool,
 }
 
-fn read(mem: &ProcessMemory, addr: u64, len: usize, reads: &mut u64) -> Result<Vec<u8>, String> {
+fn read(
+    mem: &ProcessMemory,
+    addr: u64,
+    len: usize,
+    reads: &mut u64,
+) -> Result<Vec<u8>, StackError> {
     *reads += 1;
-    mem.read_vec(addr, len).map_err(|e| e.to_string())
+    Ok(mem.read_vec(addr, len)?)
 }
 
 impl StackCopy {
@@ -192,23 +220,19 @@ impl StackCopy {
         layout: &PyLayout,
         first: u64,
         reads: &mut u64,
-    ) -> Result<StackCopy, String> {
+    ) -> Result<StackCopy, StackError> {
         let mut chunks = Vec::new();
         let mut total = 0u64;
         let mut addr = first;
         while addr != 0 && chunks.len() < MAX_CHUNKS {
             *reads += 1;
-            let mut bytes = mem
-                .read_upto(addr, CHUNK_FIRST_READ)
-                .map_err(|e| e.to_string())?;
+            let mut bytes = mem.read_upto(addr, CHUNK_FIRST_READ)?;
             let size = bytes
                 .u64_at(layout.kernel.chunk_size as usize)
-                .ok_or("short chunk header")?;
+                .ok_or(StackError::Short("chunk header"))?;
             total = total.saturating_add(size);
             if size < layout.kernel.chunk_data as u64 || total > MAX_CHUNK_BYTES {
-                return Err(format!(
-                    "implausible stack chunk of {size} bytes at {addr:#x}"
-                ));
+                return Err(StackError::ImplausibleChunk { size, addr });
             }
             if size as usize > bytes.len() {
                 let rest = read(
@@ -222,7 +246,7 @@ impl StackCopy {
             bytes.truncate(size as usize);
             let previous = bytes
                 .u64_at(layout.kernel.chunk_previous as usize)
-                .ok_or("short chunk header")?;
+                .ok_or(StackError::Short("chunk header"))?;
             chunks.push(Chunk { addr, bytes });
             addr = previous;
         }
@@ -239,7 +263,7 @@ impl StackCopy {
         mut frame: u64,
         max_frames: u32,
         reads: &mut u64,
-    ) -> Result<WalkedStack, String> {
+    ) -> Result<WalkedStack, StackError> {
         let k = &layout.kernel;
         let data_start = layout.kernel.chunk_data as u64;
         let mut frames = Vec::new();
@@ -262,13 +286,17 @@ impl StackCopy {
                 None => {
                     loose += 1;
                     if loose > MAX_LOOSE_FRAMES {
-                        return Err("too many frames outside stack chunks".into());
+                        return Err(StackError::TooManyLooseFrames);
                     }
                     owned = read(mem, frame, FRAME_HEADER_BYTES, reads)?;
                     &owned[..]
                 }
             };
-            let field = |off: u16| bytes.u64_at(off as usize).ok_or("frame field out of range");
+            let field = |off: u16| {
+                bytes
+                    .u64_at(off as usize)
+                    .ok_or(StackError::Short("frame header"))
+            };
             let previous = field(k.frame_previous)?;
             let code = field(k.frame_executable)? & k.executable_mask;
             let instr = field(k.frame_instr_ptr)?;
@@ -302,7 +330,7 @@ pub(crate) fn tag_frames(
     layout: &PyLayout,
     frames: &mut [FrameRecord],
     reads: &mut u64,
-) -> Result<(), String> {
+) -> Result<(), StackError> {
     let mut tags: HashMap<u64, u64> = HashMap::new();
     for f in frames {
         if let Some(&tag) = tags.get(&f.code) {
@@ -310,7 +338,10 @@ pub(crate) fn tag_frames(
             continue;
         }
         *reads += 1 + (layout.kernel.tag_deref_ptr != 0) as u64;
-        f.tag = read_tag(mem, layout, f.code).map_err(|e| format!("{e:#}"))?;
+        f.tag = read_tag(mem, layout, f.code).map_err(|e| StackError::Tag {
+            addr: f.code,
+            why: format!("{e:#}"),
+        })?;
         tags.insert(f.code, f.tag);
     }
     Ok(())

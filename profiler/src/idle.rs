@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use profiler_common::{FrameRecord, MAX_DEEP_FRAMES, MAX_FRAMES};
 
-use crate::complete::{tag_frames, StackCopy};
+use crate::complete::{tag_frames, StackCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::ProcessMemory;
 use crate::python::layout::PyLayout;
@@ -278,14 +278,13 @@ impl IdleSampler {
         layout: &PyLayout,
         tstate: u64,
         fields: &ThreadFields,
-    ) -> Result<Option<(Vec<FrameRecord>, bool)>, String> {
+    ) -> Result<Option<(Vec<FrameRecord>, bool)>, StackError> {
         let reads = &mut self.stats.reads;
         let stack = StackCopy::read(mem, layout, fields.datastack_chunk, reads)?;
         let walked = stack.walk(mem, layout, fields.frame, MAX_IDLE_FRAMES, reads)?;
         let (mut frames, truncated) = (walked.frames, !walked.complete);
         // The copy is this thread's stack only if it did not move meanwhile.
-        let after =
-            thread_fields(mem, layout, tstate, &mut self.stats.reads).map_err(|e| e.to_string())?;
+        let after = thread_fields(mem, layout, tstate, &mut self.stats.reads)?;
         if after.frame != fields.frame || after.datastack_chunk != fields.datastack_chunk {
             return Ok(None);
         }

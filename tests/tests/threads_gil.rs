@@ -25,17 +25,32 @@ fn gil_keeps_only_gil_holders() {
     assert!(!interps.is_empty(), "no supported interpreter found");
     let mut failures = Vec::new();
     for interp in &interps {
+        // With --gil: the whole program under `record -- CMD`, so the spinning thread's own
+        // CPU time (it prints it) × the rate is what it should get.
+        let script = interp.stage(&tests::workloads_dir().join("gil.py"));
+        let (script, exe) = (script.to_str().unwrap(), interp.exe.to_str().unwrap());
+        let mut cmd = vec!["-r", "997", "--threads", "--gil", "--"];
+        let root;
+        if let Some(r) = &interp.root {
+            root = r.to_str().unwrap().to_string();
+            cmd.extend(["chroot", &root]);
+        }
+        cmd.extend([exe, script, "2"]);
+        let with = record(&cmd);
+        let printed = |name: &str| {
+            with.stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{}: gil.py printed no {name}", interp.label))
+                .to_string()
+        };
+        let (python, hash) = (printed("python"), printed("hash"));
+        let spin_cpu: f64 = printed("spin_cpu").parse().unwrap();
+        // Without --gil: both threads show.
         let workload = Workload::start(interp, "gil.py", &[]);
         let pid = workload.pid().to_string();
-        let python = workload.printed("python");
-        let hash = workload.printed("hash");
-        // Both at once, over the same seconds: the spinning thread's samples with --gil are
-        // then comparable to all of its samples, whatever else the machine is doing.
-        let (with, without) = std::thread::scope(|scope| {
-            let with = scope.spawn(|| record(&["-p", &pid, "-d", "2", "--threads", "--gil"]));
-            let without = record(&["-p", &pid, "-d", "2", "--threads"]);
-            (with.join().unwrap(), without)
-        });
+        let without = record(&["-p", &pid, "-d", "2", "-r", "997", "--threads"]);
+        let (python_all, hash_all) = (workload.printed("python"), workload.printed("hash"));
         drop(workload);
         for rec in [&with, &without] {
             assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
@@ -45,26 +60,24 @@ fn gil_keeps_only_gil_holders() {
             thread_samples(&with, &hash, "spin_hash"),
         );
         let (py_all, hash_all) = (
-            thread_samples(&without, &python, "spin_python"),
-            thread_samples(&without, &hash, "spin_hash"),
+            thread_samples(&without, &python_all, "spin_python"),
+            thread_samples(&without, &hash_all, "spin_hash"),
         );
+        let expected = spin_cpu * 997.0;
         eprintln!(
-            "{}: --gil: spin_python {py_gil}, spin_hash {hash_gil}; without: spin_python {py_all}, spin_hash {hash_all}",
+            "{}: --gil: spin_python {py_gil} of {expected:.0} ({spin_cpu:.2} s CPU × 997 Hz), spin_hash {hash_gil}; without: spin_python {py_all}, spin_hash {hash_all}",
             interp.label
         );
-        // 2 s at 100 Hz: a thread on a CPU the whole time gets ~200 samples; the bounds leave
-        // room for a loaded 2-CPU machine.
-        // The spinning thread holds the GIL whenever it runs: --gil keeps (nearly) all of its
-        // samples, not a token few.
-        let ok = py_gil >= 30
-            && py_gil as f64 >= 0.8 * py_all as f64
+        // The spinning thread holds the GIL whenever it runs: --gil keeps (nearly) all of the
+        // samples its CPU time stands for, not a token few.
+        let ok = py_gil as f64 >= 0.8 * expected
             && (hash_gil as f64) <= 0.05 * py_gil as f64
             && py_all >= 30
             && hash_all >= 30
             && !with.stderr.contains("does not expose its GIL");
         if !ok {
             failures.push(format!(
-                "{}: --gil python {py_gil} hash {hash_gil}; without python {py_all} hash {hash_all}\n{}",
+                "{}: --gil python {py_gil} of {expected:.0} hash {hash_gil}; without python {py_all} hash {hash_all}\n{}",
                 interp.label, with.stderr
             ));
         }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use profiler_common::{FrameRecord, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_MASK, LAYOUT_GIL_RUNTIME};
 
-use crate::complete::{tag_frames, StackCopy};
+use crate::complete::{tag_frames, StackCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::{Fields, ProcessMemory};
 use crate::python::objects::{frame_locals, Local};
@@ -137,7 +137,7 @@ pub fn snapshot(
                     .map(|rec| frame(&mem, proc, symbols, rec, locals))
                     .collect();
             }
-            Err(e) => thread.error = Some(e),
+            Err(e) => thread.error = Some(e.to_string()),
         }
         threads.push(thread);
     }
@@ -160,7 +160,7 @@ fn stack(
     tstate: u64,
     mut fields: ThreadFields,
     reads: &mut u64,
-) -> Result<(Vec<FrameRecord>, bool, bool), String> {
+) -> Result<(Vec<FrameRecord>, bool, bool), StackError> {
     let layout = &proc.layout;
     let mut last = None;
     for _ in 0..MAX_ATTEMPTS {
@@ -169,7 +169,7 @@ fn stack(
         }
         let copy = StackCopy::read(mem, layout, fields.datastack_chunk, reads)?;
         let walked = copy.walk(mem, layout, fields.frame, MAX_DUMP_FRAMES, reads)?;
-        let after = thread_fields(mem, layout, tstate, reads).map_err(|e| e.to_string())?;
+        let after = thread_fields(mem, layout, tstate, reads)?;
         let still = after.frame == fields.frame && after.datastack_chunk == fields.datastack_chunk;
         let mut frames = walked.frames;
         tag_frames(mem, layout, &mut frames, reads)?;
