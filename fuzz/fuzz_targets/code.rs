@@ -18,9 +18,9 @@ fn seeds(i: usize, l: &profiler::python::layout::PyLayout) -> Vec<Vec<u8>> {
     for (width, name) in [(1, "main"), (2, "crème"), (4, "fn_\u{1f600}")] {
         let mut im = Image::new(i, 1);
         let code = 0x100;
-        let qualname = im.str(l, 0x1000, name, width);
-        let filename = im.str(l, 0x1400, "/srv/app/main.py", 1);
-        let table = im.bytes(l, 0x1800, LINETABLE);
+        let qualname = im.str(l, 0x400, name, width);
+        let filename = im.str(l, 0x500, "/srv/app/main.py", 1);
+        let table = im.bytes(l, 0x600, LINETABLE);
         let c = &l.code;
         im.u64(code + c.qualname as usize, qualname)
             .u64(code + c.name as usize, qualname)

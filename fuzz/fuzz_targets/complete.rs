@@ -20,15 +20,15 @@ fn seeds(i: usize, l: &PyLayout) -> Vec<Vec<u8>> {
     // One chunk of three frames; two chunks with a frame each plus a loose (generator) frame.
     for chunks in [1usize, 2] {
         let mut im = Image::new(i, SAMPLE_TRUNCATED | DIGEST);
-        let code = 0x6000;
+        let code = 0xd00;
         im.put(code, &[0x5a; 256]);
         let per_chunk = if chunks == 1 { 3 } else { 1 };
         let size = k.chunk_data as usize + per_chunk * FRAME_HEADER_BYTES;
         let mut frames = Vec::new();
         for c in 0..chunks {
-            let at = 0x100 + c * 0x1000;
+            let at = 0x100 + c * 0x500;
             let previous = if c + 1 < chunks {
-                ARENA + at as u64 + 0x1000
+                ARENA + at as u64 + 0x500
             } else {
                 0
             };
@@ -37,7 +37,7 @@ fn seeds(i: usize, l: &PyLayout) -> Vec<Vec<u8>> {
             frames.extend((0..per_chunk).map(|f| chunk_frame(l, at, f)));
         }
         if chunks == 2 {
-            frames.insert(1, 0x4000);
+            frames.insert(1, 0xc00);
         }
         for (n, &f) in frames.iter().enumerate() {
             let previous = frames.get(n + 1).map_or(0, |&p| ARENA + p as u64);

@@ -20,10 +20,10 @@ fn seeds(i: usize, l: &PyLayout) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for (t, name) in TYPES.iter().enumerate() {
         let mut im = Image::new(i, 0);
-        let ty = 0x100 + 0x100 * t;
-        im.put(0x1000 + 0x20 * t, name.as_bytes());
-        im.u64(ty + l.tp_name as usize, ARENA + 0x1000 + 0x20 * t as u64);
-        let obj = 0x2000;
+        let ty = 0x100 + 0x40 * t;
+        im.put(0x300 + 0x10 * t, name.as_bytes());
+        im.u64(ty + l.tp_name as usize, ARENA + 0x300 + 0x10 * t as u64);
+        let obj = 0x400;
         im.u64(obj + l.ob_type as usize, ARENA + ty as u64);
         match *name {
             "int" | "bool" => {
@@ -51,12 +51,12 @@ fn seeds(i: usize, l: &PyLayout) -> Vec<Vec<u8>> {
         im.arg(0, ARENA + obj as u64);
         // A frame of two locals (`a`, `b`) whose values are the object above and a tagged
         // or plain pointer to it.
-        let (code, names, kinds, frame) = (0x3000, 0x3400, 0x3600, 0x3800);
+        let (code, names, kinds, frame) = (0x500, 0x600, 0x680, 0x700);
         im.u32(code + o.code_argcount as usize, 1)
             .u64(code + o.code_localsplusnames as usize, ARENA + names as u64)
             .u64(code + o.code_localspluskinds as usize, ARENA + kinds as u64);
-        let a = im.str(l, 0x3a00, "a", 1);
-        let b = im.str(l, 0x3b00, "b", 1);
+        let a = im.str(l, 0x800, "a", 1);
+        let b = im.str(l, 0x880, "b", 1);
         im.u64(names + o.tuple_size as usize, 2)
             .u64(names + o.tuple_items as usize, a)
             .u64(names + o.tuple_items as usize + 8, b);

@@ -150,7 +150,19 @@ impl ElfCache {
 
 #[cfg(test)]
 mod tests {
-    use super::keeps_frame_pointer;
+    use super::{keeps_frame_pointer, parse_bytes};
+
+    #[test]
+    fn bytes_entry_point_reads_a_trimmed_real_binary() {
+        // sid's python3.15 cut to its headers and a few dynamic symbols by
+        // `cargo xtask fuzz --seeds` (a seed of the `elf` fuzz target): `.PyRuntime` is found;
+        // `Py_Version` and the prologues lie past the cut, and are unknown rather than errors.
+        let seed = include_bytes!("../../fuzz/seeds/elf/sid-3.15");
+        let elf = parse_bytes(seed).unwrap().expect("a CPython runtime");
+        assert_eq!(elf.runtime_vaddr, 0xc4_08a0);
+        assert_eq!((elf.version_hex, elf.frame_pointers), (None, None));
+        assert!(parse_bytes(&seed[..40]).is_err(), "a cut header is an error");
+    }
 
     #[test]
     fn frame_pointer_prologues() {

@@ -195,13 +195,13 @@ fn compact_elf(data: &[u8]) -> Result<Vec<u8>> {
     let shstr = sections.section(object::SectionIndex(shstrndx))?;
     let names = shstr
         .data(e, data)
-        .map_err(|()| anyhow::anyhow!("reading .shstrtab"))?;
+        .context("reading .shstrtab")?;
 
     let phoff = header.e_phoff(e) as usize;
     let phlen = header.e_phnum(e) as usize * header.e_phentsize(e) as usize;
     let mut out = data[..64].to_vec();
     out.extend_from_slice(&data[phoff..phoff + phlen]);
-    let mut place = |out: &mut Vec<u8>, bytes: &[u8]| {
+    let place = |out: &mut Vec<u8>, bytes: &[u8]| {
         while out.len() % 8 != 0 {
             out.push(0);
         }
@@ -235,12 +235,13 @@ fn compact_elf(data: &[u8]) -> Result<Vec<u8>> {
 /// Prints `co_firstlineno` and `co_linetable` of a few stdlib functions of every shape
 /// (a long one, a generator, a method with comprehensions, a small helper).
 const LINE_TABLES: &str = r#"
-import argparse, inspect, json.decoder, os, posixpath, textwrap
-for f in [os.path.join, posixpath.normpath, json.decoder.JSONDecoder.raw_decode,
+import argparse, inspect, json, json.decoder, os, posixpath, textwrap
+for f in [posixpath.relpath, json.dumps, json.decoder.JSONDecoder.raw_decode,
           argparse.ArgumentParser._parse_known_args, inspect.getsourcelines,
           textwrap.TextWrapper._wrap_chunks, os.walk]:
-    c = f.__code__
-    print(c.co_firstlineno, c.co_linetable.hex())
+    c = getattr(f, "__code__", None)  # some are C functions in some versions
+    if c is not None:
+        print(c.co_firstlineno, c.co_linetable.hex())
 "#;
 
 fn line_tables(command: &[String]) -> Result<Vec<Vec<u8>>> {
@@ -277,7 +278,7 @@ fn proc_files(command: &[String]) -> Result<ProcFiles> {
             "import sys; print('ready', flush=True); sys.stdin.read()",
         ])
         .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         .env("OTEL_SERVICE_NAME", "checkout")
         .env(
             "OTEL_RESOURCE_ATTRIBUTES",
