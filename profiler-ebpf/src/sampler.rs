@@ -179,6 +179,11 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         bump(stat::NO_FRAME);
         return 0;
     }
+    // `--async`: at most one extra read, only for processes that asked for it.
+    let running_task = match proc.running_task_offset {
+        0 => 0,
+        offset => read_u64(tstate.wrapping_add(offset as u64)).unwrap_or(0),
+    };
     let gil = if holds_gil(tstate, proc, layout) {
         SAMPLE_HOLDS_GIL
     } else {
@@ -247,6 +252,7 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         native_len: 0,
         entry_bits,
         regs: [0; 3],
+        running_task,
     };
     if proc.native != 0 {
         match user {
