@@ -110,6 +110,10 @@ impl Awaiters {
             ProcessAsync::Pending { .. } => {}
         }
         self.procs.insert(pid, state);
+        self.count_pending();
+    }
+
+    fn count_pending(&mut self) {
         self.stats.processes_pending = self
             .procs
             .values()
@@ -149,6 +153,7 @@ impl Awaiters {
     pub fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
         self.cache.retain(|&(p, _), _| p != pid);
+        self.count_pending();
     }
 
     /// Drops every cached task (at each drain's housekeeping: chains change).

@@ -572,13 +572,17 @@ pub fn all_tasks(
     let k = &process.layout.kernel;
     let mut tasks = Vec::new();
     let mut seen = HashSet::new();
-    let mut interp = mem.read_u64(process.runtime + k.runtime_interpreters_head as u64)?;
+    let mut interp = mem.read_u64(
+        process
+            .runtime
+            .wrapping_add(k.runtime_interpreters_head as u64),
+    )?;
     let mut interps = HashSet::new();
     for _ in 0..MAX_INTERPRETERS {
         if interp == 0 || !interps.insert(interp) {
             break;
         }
-        let mut tstate = mem.read_u64(interp + k.interp_threads_head as u64)?;
+        let mut tstate = mem.read_u64(interp.wrapping_add(k.interp_threads_head as u64))?;
         let mut threads = HashSet::new();
         for _ in 0..MAX_THREAD_WALK {
             if tstate == 0 || !threads.insert(tstate) {

@@ -236,7 +236,9 @@ fn finish(
             a.task_samples,
             pct(a.rewritten),
             pct(a.frame_not_found),
-            pct(a.task_samples - a.rewritten - a.frame_not_found),
+            pct(a
+                .task_samples
+                .saturating_sub(a.rewritten + a.frame_not_found)),
             a.truncated_depth,
             a.truncated_cycle,
             a.cache_misses,
