@@ -166,13 +166,15 @@ impl Session {
                 }
                 if aw.first_warning(pid) {
                     let why = match &e {
-                        AsyncError::Unsupported { .. } => format!(
-                            "--async needs CPython 3.14+ (earlier versions publish no asyncio                              task layout)"
-                        ),
+                        AsyncError::Unsupported { .. } => "--async needs CPython 3.14+ (earlier \
+                                                          versions publish no asyncio task \
+                                                          layout)"
+                            .to_string(),
                         other => format!("no --async view: {other}"),
                     };
                     eprintln!(
-                        "pyebpf: pid {pid} ({}, CPython {}): {why}; its samples are taken                          without task frames",
+                        "pyebpf: pid {pid} ({}, CPython {}): {why}; its samples are taken \
+                         without task frames",
                         proc.command, proc.layout.version
                     );
                 }

@@ -171,7 +171,7 @@ impl AsyncOffsets {
         }
         Ok(AsyncOffsets {
             task,
-            interp_tasks_head: inside("asyncio_tasks_head", interp_head, 16, interp_size)? as u16,
+            interp_tasks_head: inside("asyncio_tasks_head", interp_head, 16, interp_size)?,
             thread_running_loop: inside("asyncio_running_loop", running_loop, 8, thread_size)?,
             thread_running_task: inside("asyncio_running_task", running_task, 8, thread_size)?,
             thread_tasks_head: inside("asyncio_tasks_head", thread_head, 16, thread_size)?,
@@ -779,12 +779,12 @@ mod tests {
         let mut int_ty = vec![0u64; 64];
         let int_name = b"int\0".to_vec();
         int_ty[layout.tp_name as usize / 8] = int_name.as_ptr() as u64;
-        let mut seven = vec![0u64; 8];
+        let mut seven = [0u64; 8];
         seven[layout.ob_type as usize / 8] = int_ty.as_ptr() as u64;
         seven[o.long_tag as usize / 8] = 1 << 3;
         seven[o.long_digit as usize / 8] = 7;
         let table: Vec<u64> = vec![0, 0, 0xa000, 5, 0xdead, u64::MAX, 0xb000, 9];
-        let mut set = vec![0u64; 8];
+        let mut set = [0u64; 8];
         set[o.set_used as usize / 8] = 2;
         set[o.set_table as usize / 8] = table.as_ptr() as u64;
         set[o.set_mask as usize / 8] = 3;
