@@ -252,7 +252,12 @@ pub fn locate(process: &PythonProcess) -> Result<(AsyncLayout, Found), AsyncErro
     let dirs = module_dirs(&process.binary, layout.version.minor, &paths);
     let prefix = format!("_asyncio.cpython-3{}", layout.version.minor);
     for dir in &dirs {
-        let Ok(entries) = std::fs::read_dir(discovery::host_path(pid, dir)) else {
+        looked.push(format!("{dir}/{prefix}*.so"));
+        // As the process sees it (through its root: containers), else as this process does
+        // (`maps` shows a chroot'ed process's files by their host paths).
+        let entries =
+            std::fs::read_dir(discovery::host_path(pid, dir)).or_else(|_| std::fs::read_dir(dir));
+        let Ok(entries) = entries else {
             continue;
         };
         let mut names: Vec<PathBuf> = entries
@@ -271,7 +276,6 @@ pub fn locate(process: &PythonProcess) -> Result<(AsyncLayout, Found), AsyncErro
                 return Ok((AsyncLayout::new(offsets, layout)?, Found::OnDisk(file)));
             }
         }
-        looked.push(format!("{dir}/{prefix}*.so"));
     }
     Err(AsyncError::NotFound {
         pid,
