@@ -358,7 +358,7 @@ mod tests {
             crate::python::tables::builtin(crate::python::layout::PyVersion::from_hex(0x030c_04f0))
                 .unwrap();
         let mut layout = layout;
-        layout.objects = Some(Default::default());
+        layout.coroutines = Some(Default::default());
         let a = AsyncLayout::new(Default::default(), &layout).unwrap();
         let mut aw = Awaiters::default();
         let pid = 1;

@@ -27,7 +27,7 @@ use object::{Endianness, ReadCache, ReadRef as _};
 use profiler_common::{FrameRecord, MAX_INTERPRETERS, MAX_THREAD_WALK};
 
 use super::code::{read_str, read_tag};
-use super::layout::{ObjectLayout, PyLayout, PyVersion};
+use super::layout::{CoroutineLayout, PyLayout, PyVersion};
 use crate::discovery::{self, PythonProcess};
 use crate::memory::{Fields, ProcessMemory, ReadError};
 
@@ -185,22 +185,25 @@ impl AsyncOffsets {
 pub struct AsyncLayout {
     pub offsets: AsyncOffsets,
     /// Coroutine, set, list and int fields (from `_Py_DebugOffsets`).
-    pub objects: ObjectLayout,
+    pub coroutines: CoroutineLayout,
 }
 
 impl AsyncLayout {
     /// Pairs the section's offsets with `layout`; fails for a layout without the object
     /// fields (before 3.14).
     pub fn new(offsets: AsyncOffsets, layout: &PyLayout) -> Result<AsyncLayout, AsyncError> {
-        let objects = layout.objects.ok_or(AsyncError::Unsupported {
+        let coroutines = layout.coroutines.ok_or(AsyncError::Unsupported {
             version: layout.version,
         })?;
-        Ok(AsyncLayout { offsets, objects })
+        Ok(AsyncLayout {
+            offsets,
+            coroutines,
+        })
     }
 
     /// Where a task's coroutine frame is, given its coroutine.
     pub fn coro_frame(&self, coro: u64) -> u64 {
-        coro.wrapping_add(self.objects.gi_iframe as u64)
+        coro.wrapping_add(self.coroutines.gi_iframe as u64)
     }
 }
 
@@ -217,7 +220,7 @@ pub enum Found {
 /// `_asyncio` module file under the interpreter's stdlib directory.
 pub fn locate(process: &PythonProcess) -> Result<(AsyncLayout, Found), AsyncError> {
     let layout = &process.layout;
-    if layout.objects.is_none() {
+    if layout.coroutines.is_none() {
         return Err(AsyncError::Unsupported {
             version: layout.version,
         });
@@ -386,10 +389,10 @@ pub fn read_task(
     let awaited_by_ptr = word(t.awaited_by)?;
     let awaited_by = match (awaited_by_ptr, byte(t.awaited_by_is_set)) {
         (0, _) => Vec::new(),
-        (set, Some(1)) => read_set(mem, &a.objects, set)?,
+        (set, Some(1)) => read_set(mem, &a.coroutines, set)?,
         (one, _) => vec![one],
     };
-    let name = read_name(mem, layout, &a.objects, name_ptr);
+    let name = read_name(mem, layout, &a.coroutines, name_ptr);
     let (coro_frames, coro_truncated) = coro_chain(mem, layout, a, coro)?;
     Ok(TaskInfo {
         addr: task,
@@ -403,7 +406,7 @@ pub fn read_task(
 
 /// The members of a `set` object (its table's live keys: neither empty nor the dummy of a
 /// deleted entry), at most [`MAX_AWAITERS`].
-fn read_set(mem: &ProcessMemory, o: &ObjectLayout, set: u64) -> Result<Vec<u64>, AsyncError> {
+fn read_set(mem: &ProcessMemory, o: &CoroutineLayout, set: u64) -> Result<Vec<u64>, AsyncError> {
     let head_len = [o.set_used, o.set_table, o.set_mask]
         .iter()
         .map(|&f| f as usize + 8)
@@ -443,7 +446,7 @@ fn read_set(mem: &ProcessMemory, o: &ObjectLayout, set: u64) -> Result<Vec<u64>,
 
 /// A task's name: a `str`, or the `int` n of an unnamed task (`Task-n`). Never fails: what
 /// cannot be read is named by its address.
-fn read_name(mem: &ProcessMemory, layout: &PyLayout, o: &ObjectLayout, name: u64) -> String {
+fn read_name(mem: &ProcessMemory, layout: &PyLayout, o: &CoroutineLayout, name: u64) -> String {
     if name == 0 {
         return "Task-?".to_string();
     }
@@ -466,7 +469,7 @@ fn type_name(mem: &ProcessMemory, layout: &PyLayout, obj: u64) -> Result<String,
 }
 
 /// A non-negative compact `int` of at most two 30-bit digits.
-fn read_small_int(mem: &ProcessMemory, o: &ObjectLayout, obj: u64) -> Option<u64> {
+fn read_small_int(mem: &ProcessMemory, o: &CoroutineLayout, obj: u64) -> Option<u64> {
     let buf = mem
         .read_vec(obj, o.long_digit.max(o.long_tag) as usize + 8)
         .ok()?;
@@ -489,7 +492,7 @@ pub fn coro_chain(
     a: &AsyncLayout,
     coro: u64,
 ) -> Result<(Vec<FrameRecord>, bool), AsyncError> {
-    let o = &a.objects;
+    let o = &a.coroutines;
     let k = &layout.kernel;
     let mask = k.executable_mask;
     let frame_len = [k.frame_executable, k.frame_instr_ptr, o.stackpointer]
@@ -612,7 +615,7 @@ fn walk_list(
     tasks: &mut Vec<u64>,
     seen: &mut HashSet<u64>,
 ) -> Result<(), AsyncError> {
-    let next = a.objects.llist_next as u64;
+    let next = a.coroutines.llist_next as u64;
     let mut node = mem.read_u64(head.wrapping_add(next))?;
     while node != head && node != 0 && tasks.len() < MAX_TASKS {
         let task = node.wrapping_sub(a.offsets.task.node as u64);
@@ -718,9 +721,9 @@ mod tests {
     /// A fake address space: reads of a `ProcessMemory` on this very process.
     #[test]
     fn reads_a_task_and_its_chain_from_memory() {
-        use crate::python::layout::ObjectLayout;
+        use crate::python::layout::CoroutineLayout;
         let mut layout = crate::python::tables::builtin(PyVersion::from_hex(0x030c_04f0)).unwrap();
-        let o = ObjectLayout {
+        let o = CoroutineLayout {
             gi_iframe: 64,
             gi_frame_state: 40,
             suspended_yield_from: -1,
@@ -733,7 +736,7 @@ mod tests {
             long_tag: 16,
             long_digit: 24,
         };
-        layout.objects = Some(o);
+        layout.coroutines = Some(o);
         layout.kernel.executable_mask = !3;
         let a =
             AsyncLayout::new(AsyncOffsets::parse(&bytes(&SECTION_314)).unwrap(), &layout).unwrap();

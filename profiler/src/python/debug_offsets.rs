@@ -13,7 +13,7 @@
 use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, ObjectLayout, PyLayout, PyVersion,
+    BytesLayout, ChunkLayout, CodeLayout, CoroutineLayout, LayoutSource, PyLayout, PyVersion,
     ThreadLayout, UnicodeLayout,
 };
 use super::tables::{code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, STACK_CHUNK};
@@ -68,9 +68,9 @@ struct Facts {
     compact_bit: u8,
     ascii_bit: u8,
     chunk: ChunkLayout,
-    /// `FRAME_SUSPENDED_YIELD_FROM` (see [`ObjectLayout::suspended_yield_from`]).
+    /// `FRAME_SUSPENDED_YIELD_FROM` (see [`CoroutineLayout::suspended_yield_from`]).
     suspended_yield_from: i8,
-    /// See [`ObjectLayout::yield_from_slot`].
+    /// See [`CoroutineLayout::yield_from_slot`].
     yield_from_slot: u8,
 }
 
@@ -723,13 +723,13 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         ob_type: v.offset("pyobject", "ob_type")?,
         tp_name: v.offset("type_object", "tp_name")?,
         frame_localsplus: v.offset("interpreter_frame", "localsplus")?,
-        objects: objects(v, facts),
+        coroutines: coroutines(v, facts),
     })
 }
 
 /// The async view's fields, when this version's struct has them all and they fit their
 /// structs (else `None`: the async view is off, sampling is not affected).
-fn objects(v: &Values, facts: &Facts) -> Option<ObjectLayout> {
+fn coroutines(v: &Values, facts: &Facts) -> Option<CoroutineLayout> {
     v.check_inside(
         "gen_object",
         &[("gi_iframe", 8), ("gi_frame_state", 1)],
@@ -751,7 +751,7 @@ fn objects(v: &Values, facts: &Facts) -> Option<ObjectLayout> {
     v.check_inside("long_object", &[("lv_tag", 8), ("ob_digit", 4)], None)
         .ok()?;
     let at = |s, f| v.offset(s, f).ok();
-    Some(ObjectLayout {
+    Some(CoroutineLayout {
         gi_iframe: at("gen_object", "gi_iframe")?,
         gi_frame_state: at("gen_object", "gi_frame_state")?,
         suspended_yield_from: facts.suspended_yield_from,
@@ -944,11 +944,11 @@ mod tests {
 
     #[test]
     fn async_objects_come_from_314_on() {
-        assert_eq!(parse(&real(SID_3_13_18)).unwrap().objects, None);
-        let o = parse(&real(SID_3_14_10)).unwrap().objects.unwrap();
+        assert_eq!(parse(&real(SID_3_13_18)).unwrap().coroutines, None);
+        let o = parse(&real(SID_3_14_10)).unwrap().coroutines.unwrap();
         assert_eq!((o.suspended_yield_from, o.yield_from_slot), (-1, 1));
         assert!(o.gi_iframe > o.gi_frame_state && o.stackpointer > 0);
-        let o = parse(&real(SID_3_15_2)).unwrap().objects.unwrap();
+        let o = parse(&real(SID_3_15_2)).unwrap().coroutines.unwrap();
         assert_eq!((o.suspended_yield_from, o.yield_from_slot), (2, 2));
     }
 

@@ -102,9 +102,9 @@ pub struct ThreadLayout {
 
 /// Coroutine, set, linked-list and int fields the async view (`--async`, `dump --async`)
 /// reads, from `_Py_DebugOffsets` (3.14+). Builds whose struct lacks them (3.13) and the
-/// built-in 3.11/3.12 tables have none: [`PyLayout::objects`] is `None`.
+/// built-in 3.11/3.12 tables have none: [`PyLayout::coroutines`] is `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ObjectLayout {
+pub struct CoroutineLayout {
     /// `PyGenObject.gi_iframe`: the coroutine's embedded `_PyInterpreterFrame`.
     pub gi_iframe: u16,
     /// `PyGenObject.gi_frame_state` (an `int8_t`).
@@ -171,5 +171,5 @@ pub struct PyLayout {
     /// `sizeof(_PyInterpreterFrame)` up to `localsplus`: the fixed part of a frame.
     pub frame_localsplus: u16,
     /// What the async view reads; `None` where the layout does not say (before 3.14).
-    pub objects: Option<ObjectLayout>,
+    pub coroutines: Option<CoroutineLayout>,
 }

@@ -149,7 +149,7 @@ fn layout_311(version: PyVersion) -> PyLayout {
         ob_type: 8,
         tp_name: 24,
         frame_localsplus: 72,
-        objects: None,
+        coroutines: None,
     }
 }
 
@@ -240,7 +240,7 @@ fn layout_312(version: PyVersion) -> PyLayout {
         ob_type: 8,
         tp_name: 24,
         frame_localsplus: 72,
-        objects: None,
+        coroutines: None,
     }
 }
 
