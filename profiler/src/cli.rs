@@ -64,6 +64,28 @@ pub enum Command {
             pyebpf check                      what an unprivileged user lacks"
     )]
     Check(CheckArgs),
+    /// What each thread of a running Python program is doing right now: its state and its
+    /// Python stack (py-spy's `dump`), read without stopping it.
+    #[command(
+        long_about = "What each thread of a running Python program is doing right now: \
+            whether it is on a CPU or idle, whether it holds the GIL, and its Python frames, \
+            most recent call first, as `function (file:line)`.\n\n\
+            The target is never paused, ptraced or written to: its thread list and stacks are \
+            copied with process_vm_readv, and a stack is kept only if the thread's current \
+            frame did not move while it was copied (a thread that keeps moving is retried, then \
+            shown marked `changed while read`). Works for every supported CPython (3.11-3.15) \
+            and for processes in containers (pass the host pid). Needs CAP_SYS_PTRACE (root), \
+            and with --native also CAP_BPF and CAP_PERFMON.\n\n\
+            Thread names are the names the OS knows (/proc/PID/task/TID/comm): CPython 3.14+ \
+            sets them from threading.Thread.name (cut to 15 bytes); before 3.14 a thread is \
+            named after the program unless the program names it.",
+        after_help = "Examples:\n  \
+            sudo pyebpf dump -p 1234                  every thread's Python stack\n  \
+            sudo pyebpf dump -p 1234 --locals         with each frame's arguments and variables\n  \
+            sudo pyebpf dump -p 1234 -p 5678 --json   several processes, for a script\n  \
+            sudo pyebpf dump -p 1234 --native         native frames of the threads on a CPU"
+    )]
+    Dump(DumpArgs),
     /// Profile every Python process on the host, continuously, for a profiling backend:
     /// push to Grafana Pyroscope, or be scraped as pprof (Parca, Alloy, `go tool pprof`).
     #[command(
@@ -182,6 +204,30 @@ pub struct AgentArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct DumpArgs {
+    /// The process to look at (repeat for several).
+    #[arg(short = 'p', long = "pid", value_name = "PID", required = true)]
+    pub pids: Vec<u32>,
+    /// Print one JSON document: {processes: [{pid, command, python_version, binary,
+    /// threads: [{tid, name, state, os_state, holds_gil, frames: [{function, file, line,
+    /// locals?}], truncated, consistent, native?}]}]}.
+    #[arg(long)]
+    pub json: bool,
+    /// Show each frame's arguments and local variables. int, float, bool, None, str and bytes
+    /// are shown by value (str and bytes cut at 80 characters); anything else as
+    /// `<type at 0x...>`. Values are read from the target's memory: no code runs in it, so no
+    /// `__repr__` is called.
+    #[arg(long)]
+    pub locals: bool,
+    /// With --native: how long to sample (milliseconds) to catch running threads on a CPU.
+    #[arg(long, value_name = "MS", default_value_t = 200, requires = "native",
+          value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    pub native_window: u64,
+    #[command(flatten)]
+    pub native: NativeArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct CheckArgs {
     /// Print the same facts as one JSON document: {ready, host: [{id, status, text, fix}],
     /// processes: {supported, unsupported, unreadable}}.
@@ -218,7 +264,7 @@ pub struct RecordArgs {
     /// count once per sampling period the thread was not on a CPU, so every thread gets about
     /// rate × seconds samples whether it ran or waited. Off-CPU stacks end in an `<idle>`
     /// frame, so in a flame graph waiting sits on top of the function that waits, next to its
-    /// CPU time.
+    /// CPU time. A runnable thread that only waited for a free CPU is not idle.
     #[arg(long)]
     pub idle: bool,
     /// Keep only samples whose thread holds the GIL: threads running C code that released it
@@ -277,7 +323,7 @@ pub struct TopArgs {
     pub debug: DebugArgs,
 }
 
-/// `--native` and its settings, shared by `record`, `top` and `agent`.
+/// `--native` and its settings, shared by `record`, `agent` and `dump`.
 #[derive(Args, Debug, Default)]
 pub struct NativeArgs {
     /// Show native (C, C++, Rust) frames with the Python ones, in call order: a numpy kernel,

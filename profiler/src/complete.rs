@@ -311,3 +311,105 @@ pub(crate) fn tag_frames(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layout::PyVersion;
+    use crate::python::tables::builtin;
+
+    /// A three-frame stack in one stack chunk, laid out as 3.12 does, in this process's own
+    /// memory (read back with `process_vm_readv` like a target's).
+    struct Stack {
+        chunk: Vec<u8>,
+        _code: Vec<u8>,
+        frames: [u64; 3],
+        code: u64,
+    }
+
+    fn stack(layout: &PyLayout) -> Stack {
+        let k = &layout.kernel;
+        let code = vec![0x5au8; 512];
+        let code_addr = code.as_ptr() as u64;
+        let size = k.chunk_data as usize + 3 * FRAME_HEADER_BYTES;
+        let mut chunk = vec![0u8; size];
+        let base = chunk.as_ptr() as u64;
+        let put = |buf: &mut Vec<u8>, at: usize, v: u64| {
+            buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        };
+        put(&mut chunk, k.chunk_previous as usize, 0);
+        put(&mut chunk, k.chunk_size as usize, size as u64);
+        let frame_at = |i: usize| k.chunk_data as usize + i * FRAME_HEADER_BYTES;
+        let frames = [0, 1, 2].map(|i| base + frame_at(i) as u64);
+        for i in 0..3 {
+            let previous = if i < 2 { frames[i + 1] } else { 0 };
+            put(
+                &mut chunk,
+                frame_at(i) + k.frame_previous as usize,
+                previous,
+            );
+            put(
+                &mut chunk,
+                frame_at(i) + k.frame_executable as usize,
+                code_addr,
+            );
+            let instr = code_addr + 200 + 2 * i as u64;
+            put(&mut chunk, frame_at(i) + k.frame_instr_ptr as usize, instr);
+        }
+        Stack {
+            chunk,
+            _code: code,
+            frames,
+            code: code_addr,
+        }
+    }
+
+    fn header(s: &Stack, deep_hash: u64) -> SampleHeader {
+        let mut h: SampleHeader = bytemuck::Zeroable::zeroed();
+        h.datastack_chunk = s.chunk.as_ptr() as u64;
+        h.next_frame = s.frames[0];
+        h.deep_frames = 3;
+        h.deep_hash = deep_hash;
+        h
+    }
+
+    fn digest(s: &Stack) -> u64 {
+        s.frames.iter().enumerate().fold(0, |hash, (i, &f)| {
+            fold_frame(hash, f, s.code, s.code + 200 + 2 * i as u64)
+        })
+    }
+
+    #[test]
+    fn a_stack_whose_digest_matches_is_completed() {
+        let layout = builtin(PyVersion::from_hex(0x030c_01f0)).unwrap();
+        let s = stack(&layout);
+        let mut completer = Completer::default();
+        let pid = std::process::id();
+        let tail = completer
+            .complete(pid, pid, &layout, &header(&s, digest(&s)))
+            .expect("completed");
+        let frames: Vec<u64> = tail.iter().map(|f| f.frame).collect();
+        assert_eq!(frames, s.frames);
+        assert_eq!((completer.stats.chunks, completer.stats.changed), (1, 0));
+        assert_eq!(completer.cached_tails(), 1);
+    }
+
+    #[test]
+    fn a_stack_whose_digest_does_not_match_is_rejected_and_counted_as_changed() {
+        let layout = builtin(PyVersion::from_hex(0x030c_01f0)).unwrap();
+        let s = stack(&layout);
+        let mut completer = Completer::default();
+        let pid = std::process::id();
+        let wrong = digest(&s) ^ 1;
+        assert!(completer
+            .complete(pid, pid, &layout, &header(&s, wrong))
+            .is_none());
+        let st = completer.stats;
+        assert_eq!((st.changed, st.truncated, st.chunks), (1, 1, 0));
+        assert_eq!(
+            completer.cached_tails(),
+            0,
+            "nothing cached for a rejected stack"
+        );
+    }
+}

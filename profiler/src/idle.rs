@@ -6,6 +6,8 @@
 //! for the sampling periods (`rate × time`) since the previous one; a thread state with a current
 //! frame gets one idle stack weighted by the periods it was *not* sampled on a CPU, so a thread
 //! asleep the whole time gets `rate × duration` samples, as it would if it had been running.
+//! A thread that is runnable (`R` in `/proc`) when the pass looks was waiting for a CPU, not
+//! idle: it gets no idle stack (counted in [`IdleStats::runnable`]).
 //!
 //! The stack comes from bulk copies of the thread's stack chunks, walked like deep stacks are
 //! completed (`complete::StackCopy`), and is accepted only if the thread's current frame did
@@ -14,20 +16,19 @@
 //! is unchanged since its previous pass are reused without reading anything.
 //!
 //! Work is bounded: at most [`MAX_WALKS_PER_PASS`] stack walks per pass (what is left over is
-//! counted in [`IdleStats::skipped`]), [`MAX_THREAD_WALK`] thread states per interpreter and
-//! [`MAX_INTERPRETERS`] interpreters per process. Without `--idle` none of this runs.
+//! counted in [`IdleStats::skipped`]), and the thread lists as `python::threads` bounds them.
+//! Without `--idle` none of this runs.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use profiler_common::{
-    FrameRecord, LAYOUT_CFRAME, MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_THREAD_WALK,
-};
+use profiler_common::{FrameRecord, MAX_DEEP_FRAMES, MAX_FRAMES};
 
 use crate::complete::{tag_frames, StackCopy};
 use crate::discovery::PythonProcess;
-use crate::memory::{Fields, ProcessMemory};
+use crate::memory::ProcessMemory;
 use crate::python::layout::PyLayout;
+use crate::python::threads::{thread_fields, thread_states, ThreadFields};
 use crate::registry::Registry;
 use crate::resolve::{Resolved, Resolver};
 
@@ -46,6 +47,8 @@ pub struct IdleStats {
     pub threads: u64,
     /// ...of which were on a CPU for the whole pass (the kernel sampled them).
     pub on_cpu: u64,
+    /// ...of which were runnable but not caught on a CPU: waiting for one, not idle.
+    pub runnable: u64,
     /// Idle stacks produced.
     pub stacks: u64,
     /// Samples those stacks stand for (sampling periods off-CPU).
@@ -74,14 +77,6 @@ pub struct IdleStack {
     pub frames: Vec<FrameRecord>,
     /// Deeper than `MAX_IDLE_FRAMES`: `frames` are its top part.
     pub truncated: bool,
-}
-
-/// The fields of a thread state a pass needs.
-struct ThreadFields {
-    next: u64,
-    native_id: u64,
-    frame: u64,
-    datastack_chunk: u64,
 }
 
 pub struct IdleSampler {
@@ -195,7 +190,7 @@ impl IdleSampler {
         }
         let mem = ProcessMemory::new(proc.pid);
         let layout = &proc.layout;
-        let tstates = match self.thread_states(&mem, proc) {
+        let tstates = match thread_states(&mem, layout, proc.runtime, &mut self.stats.reads) {
             Ok(t) => t,
             Err(e) => {
                 log::debug!("pid {}: idle pass: thread list: {e}", proc.pid);
@@ -221,6 +216,18 @@ impl IdleSampler {
                 self.stats.on_cpu += 1;
                 continue;
             }
+            let tid = fields.native_id as u32;
+            let tid = if proc.ns_pid.is_some() {
+                self.host_tid(proc.pid, tid)
+            } else {
+                tid
+            };
+            // A runnable thread the kernel did not catch on a CPU was waiting for one, not
+            // idle: on a loaded machine a busy thread would otherwise show as `<idle>`.
+            if crate::procfs::stat(tid).is_ok_and(|s| s.state == 'R') {
+                self.stats.runnable += 1;
+                continue;
+            }
             if *budget == 0 {
                 self.stats.skipped += 1;
                 self.stats.skipped_samples += weight;
@@ -231,12 +238,6 @@ impl IdleSampler {
                 Ok(Some((frames, truncated))) => {
                     self.stats.stacks += 1;
                     self.stats.samples += weight;
-                    let tid = fields.native_id as u32;
-                    let tid = if proc.ns_pid.is_some() {
-                        self.host_tid(proc.pid, tid)
-                    } else {
-                        tid
-                    };
                     out.push(IdleStack {
                         tid,
                         tstate,
@@ -261,106 +262,13 @@ impl IdleSampler {
         if let Some(&tid) = self.host_tids.get(&(pid, ns_tid)) {
             return tid;
         }
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return ns_tid;
-        };
-        for task in tasks.flatten() {
-            let Some(host) = task
-                .file_name()
-                .to_str()
-                .and_then(|t| t.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
-                continue;
-            };
-            let inner = status
-                .lines()
-                .find_map(|l| l.strip_prefix("NSpid:"))
-                .and_then(|ids| ids.split_whitespace().last())
-                .and_then(|id| id.parse::<u32>().ok());
-            if let Some(inner) = inner {
-                self.host_tids.insert((pid, inner), host);
-            }
+        for (inner, host) in crate::procfs::host_tids(pid) {
+            self.host_tids.insert((pid, inner), host);
         }
         self.host_tids
             .get(&(pid, ns_tid))
             .copied()
             .unwrap_or(ns_tid)
-    }
-
-    /// Every thread state of every interpreter of the process (bounded), with its fields.
-    fn thread_states(
-        &mut self,
-        mem: &ProcessMemory,
-        proc: &PythonProcess,
-    ) -> Result<Vec<(u64, ThreadFields)>, String> {
-        let k = &proc.layout.kernel;
-        let mut out = Vec::new();
-        let mut interp = self.read_u64(
-            mem,
-            proc.runtime
-                .wrapping_add(k.runtime_interpreters_head as u64),
-        )?;
-        let mut interps = 0;
-        while interp != 0 && interps < MAX_INTERPRETERS {
-            interps += 1;
-            let mut tstate =
-                self.read_u64(mem, interp.wrapping_add(k.interp_threads_head as u64))?;
-            let mut n = 0;
-            while tstate != 0 && n < MAX_THREAD_WALK {
-                n += 1;
-                let fields = self.thread_fields(mem, &proc.layout, tstate)?;
-                let next = fields.next;
-                out.push((tstate, fields));
-                tstate = next;
-            }
-            interp = self.read_u64(mem, interp.wrapping_add(k.interp_next as u64))?;
-        }
-        Ok(out)
-    }
-
-    fn read_u64(&mut self, mem: &ProcessMemory, addr: u64) -> Result<u64, String> {
-        self.stats.reads += 1;
-        mem.read_u64(addr).map_err(|e| e.to_string())
-    }
-
-    /// One read of the thread state's prefix (plus the `_PyCFrame` where the layout has one).
-    fn thread_fields(
-        &mut self,
-        mem: &ProcessMemory,
-        layout: &PyLayout,
-        tstate: u64,
-    ) -> Result<ThreadFields, String> {
-        let k = &layout.kernel;
-        let len = [
-            k.tstate_next,
-            k.tstate_native_thread_id,
-            k.tstate_current_frame,
-            k.tstate_datastack_chunk,
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0) as usize
-            + 8;
-        self.stats.reads += 1;
-        let bytes = mem.read_vec(tstate, len).map_err(|e| e.to_string())?;
-        let field = |off: u16| {
-            bytes
-                .u64_at(off as usize)
-                .ok_or_else(|| format!("thread state field at {off} out of range"))
-        };
-        let mut frame = field(k.tstate_current_frame)?;
-        if k.flags & LAYOUT_CFRAME != 0 && frame != 0 {
-            frame = self.read_u64(mem, frame.wrapping_add(k.cframe_current_frame as u64))?;
-        }
-        Ok(ThreadFields {
-            next: field(k.tstate_next)?,
-            native_id: field(k.tstate_native_thread_id)?,
-            frame,
-            datastack_chunk: field(k.tstate_datastack_chunk)?,
-        })
     }
 
     /// The thread's stack, or `None` when its current frame moved while it was copied.
@@ -376,7 +284,8 @@ impl IdleSampler {
         let walked = stack.walk(mem, layout, fields.frame, MAX_IDLE_FRAMES, reads)?;
         let (mut frames, truncated) = (walked.frames, !walked.complete);
         // The copy is this thread's stack only if it did not move meanwhile.
-        let after = self.thread_fields(mem, layout, tstate)?;
+        let after =
+            thread_fields(mem, layout, tstate, &mut self.stats.reads).map_err(|e| e.to_string())?;
         if after.frame != fields.frame || after.datastack_chunk != fields.datastack_chunk {
             return Ok(None);
         }

@@ -1,11 +1,15 @@
 //! pyebpf: a system-wide sampling profiler for CPython built on BPF.
 //!
-//! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffer) →
-//! `discovery` (which processes are interpreters, `elf` + `python::*` layouts, `procfs` facts)
-//! → `symbolize` (code objects → function/file/line via `python::code` and `python::linetable`)
-//! → `aggregate` → `output::*` (flame graph, speedscope, collapsed; `output::destination`
-//! keeps the file safe), driven by `record`. `check` says whether the host can run all this,
-//! and holds the preflight `record` and `top` run.
+//! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffers) → `decode`
+//! (records) → `resolve` (`complete` finishes deep stacks, `symbolize` names code objects via
+//! `python::code` and `python::linetable`, `native` unwinds and merges native frames) →
+//! `aggregate` → `output::*` (flame graph, speedscope, collapsed, pprof; `output::destination`
+//! keeps the file safe). Processes: `discovery` (which are interpreters: `elf`, `python::*`
+//! layouts, `procfs` facts), `registry` and `lifecycle` (exec and exit), `identity` (service
+//! and container labels). `session` holds the BPF side and the resolver; `driver` is the one
+//! sampling loop, and each command is a sink on it: `record`, `top`, `agent`. `idle` samples
+//! off-CPU threads from the thread lists (`python::threads`), which `dump` also reads, without
+//! BPF. `check` says whether the host can run all this, and holds the preflight checks.
 
 pub mod agent;
 pub mod aggregate;
@@ -17,6 +21,7 @@ pub mod complete;
 pub mod decode;
 pub mod discovery;
 pub mod driver;
+pub mod dump;
 pub mod elf;
 pub mod identity;
 pub mod idle;

@@ -18,6 +18,7 @@ fn main() {
         Command::Top(args) => profiler::top::run(args),
         Command::Check(args) => profiler::check::run(args),
         Command::Agent(args) => profiler::agent::run(args),
+        Command::Dump(args) => profiler::dump::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -191,6 +191,32 @@ pub fn python_maps(pid: u32) -> std::io::Result<Option<String>> {
     Ok(python.then_some(maps))
 }
 
+/// The threads of process `pid`, as (id in the process's own pid namespace → host id), from
+/// the `NSpid` lines of `/proc/PID/task/*/status` (CPython records the former; `/proc` and
+/// labels need the latter). Empty when the task list cannot be read.
+pub fn host_tids(pid: u32) -> Vec<(u32, u32)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let Some(host) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        if let Some(&inner) = parse_nspids(&status).last() {
+            out.push((inner, host));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

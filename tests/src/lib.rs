@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub mod browser;
 pub mod pprof;
 
 /// Default location of the Debian sid root holding CPython 3.13–3.15 (`cargo xtask sidroot`).
@@ -128,7 +129,7 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
             });
         }
     } else {
-        skipped.push("pyenv builds: /root/.pyenv/versions does not exist".to_string());
+        skipped.push(format!("{NO_PYENV} /root/.pyenv/versions does not exist"));
     }
     let sid = std::env::var_os("PYEBPF_SID_ROOT")
         .map(PathBuf::from)
@@ -210,16 +211,45 @@ pub fn stretch(d: std::time::Duration) -> std::time::Duration {
     d.mul_f64(slowdown())
 }
 
-/// `interpreters()`, printing what was skipped and why (for the test log).
+/// `interpreters()`, printing what was found. Every interpreter this machine is set up with
+/// is required (Debian's 3.11, each pyenv 3.11+ build present, sid 3.13–3.15): one that is
+/// missing or does not run fails the test, with the reason, instead of silently taking its
+/// versions out of the run. Only [`INTERPRETERS_ENV`], which names the interpreters wanted,
+/// leaves some out.
 pub fn interpreters_logged() -> Vec<Interpreter> {
     let (found, skipped) = interpreters();
-    for s in &skipped {
-        eprintln!("skipped interpreter: {s}");
-    }
     for i in &found {
         eprintln!("interpreter: {} ({}.{})", i.label, i.version.0, i.version.1);
     }
+    let missing: Vec<&String> = skipped
+        .iter()
+        .filter(|s| !s.contains(INTERPRETERS_ENV) && !s.starts_with(NO_PYENV))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "required interpreters are missing: {missing:?} (`cargo xtask test` builds the sid root; \
+         to run a subset on purpose set {INTERPRETERS_ENV})"
+    );
     found
+}
+
+/// [`interpreters`]' reason when the machine has no pyenv builds at all (nothing to require).
+const NO_PYENV: &str = "pyenv builds:";
+
+/// The variable naming the tests allowed to skip (comma-separated test function names), for a
+/// machine that lacks what they need. Nothing else skips: a test whose prerequisite is
+/// missing fails.
+pub const ALLOW_SKIP_ENV: &str = "PYEBPF_ALLOW_SKIP";
+
+/// A prerequisite of `test` is missing (`why`). Returns, and the caller returns, only when
+/// `test` is named in [`ALLOW_SKIP_ENV`]; otherwise fails the test, saying how to allow it.
+pub fn missing_prerequisite(test: &str, why: &str) {
+    let allowed = std::env::var(ALLOW_SKIP_ENV).unwrap_or_default();
+    if allowed.split(',').map(str::trim).any(|t| t == test) {
+        eprintln!("skipped {test}: {why} (allowed by {ALLOW_SKIP_ENV})");
+        return;
+    }
+    panic!("{why}: {test} needs it (to skip it on purpose, set {ALLOW_SKIP_ENV}={test})");
 }
 
 /// The `pyebpf` binary under test: `$PYEBPF_BIN`, else `target/debug/pyebpf` of this workspace.

@@ -40,7 +40,10 @@ fn unsupported_version_names_version_and_binary() {
             })
         })
     else {
-        eprintln!("skipped: no CPython 3.10 under /root/.pyenv/versions");
+        tests::missing_prerequisite(
+            "unsupported_version_names_version_and_binary",
+            "no CPython 3.10 under /root/.pyenv/versions",
+        );
         return;
     };
     let exe = dir.join("bin/python3.10");
@@ -92,11 +95,20 @@ fn bad_arguments_exit_2() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    let output = Command::new(pyebpf_bin())
-        .args(["record", "-d", "-3"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
+    // Each reaches pyebpf's own duration check (`-d -3` would be refused by clap as an unknown
+    // flag before it); the message names the value.
+    for (arg, value) in [("--duration=-3", "-3"), ("-d0", "0"), ("-dnan", "nan")] {
+        let output = Command::new(pyebpf_bin())
+            .args(["record", arg])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{arg}: {stderr}");
+        assert!(
+            stderr.contains(&format!("`{value}` is not a positive number of seconds")),
+            "{arg}: {stderr}"
+        );
+    }
 }
 
 #[test]

@@ -17,17 +17,12 @@ use profiler::python::linetable::LineTable;
 use profiler::python::tables;
 use serde_json::Value;
 
-// Mirrors of `profiler_common` constants (the tests crate does not depend on it).
-/// `profiler_common::FRAME_HEADER_BYTES`: the kernel reads this much of each frame.
-const FRAME_HEADER_BYTES: usize = 96;
-/// `profiler_common::CODE_TAG_BYTES`.
-const CODE_TAG_BYTES: u64 = 56;
-/// `profiler_common::LAYOUT_CFRAME`.
-const LAYOUT_CFRAME: u32 = 1;
-/// `profiler_common::LAYOUT_GIL_RUNTIME`, `LAYOUT_GIL_INTERP`, `LAYOUT_GIL_INDIRECT`.
-const LAYOUT_GIL_RUNTIME: u32 = 1 << 1;
-const LAYOUT_GIL_INTERP: u32 = 1 << 2;
-const LAYOUT_GIL_INDIRECT: u32 = 1 << 3;
+use profiler_common::{
+    FRAME_HEADER_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP, LAYOUT_GIL_RUNTIME,
+};
+
+/// `profiler_common::CODE_TAG_BYTES`, as the offsets it is added to.
+const CODE_TAG_BYTES: u64 = profiler_common::CODE_TAG_BYTES as u64;
 /// Frames walked at most (the probe's stack is ~310 deep).
 const MAX_WALK: usize = 5000;
 /// Frame-owner codes that are Python code in every version (THREAD, GENERATOR, FRAME_OBJECT).

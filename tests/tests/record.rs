@@ -164,6 +164,54 @@ fn two_threads_are_attributed_to_their_tids() {
     }
 }
 
+/// Samples match the workload's own CPU time (utime + stime, as the kernel accounts it) ×
+/// the rate within ±15 %: losing samples (or inventing them) fails.
+#[test]
+fn samples_match_cpu_time_times_rate() {
+    // Not a multiple of the kernel's scheduler tick: sampling in step with the tick that
+    // preempts the workload would over- or under-count it.
+    const RATE: f64 = 199.0;
+    let mut failures = Vec::new();
+    for interp in &interpreters_logged() {
+        let script = interp.stage(&tests::workloads_dir().join("cpu_time.py"));
+        let script = script.to_str().unwrap();
+        let exe = interp.exe.to_str().unwrap();
+        let rate = RATE.to_string();
+        let mut cmd: Vec<&str> = vec!["-r", &rate, "--"];
+        let root;
+        if let Some(r) = &interp.root {
+            root = r.to_str().unwrap().to_string();
+            cmd.extend(["chroot", &root]);
+        }
+        cmd.extend([exe, script, "3"]);
+        let rec = record(&cmd);
+        assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
+        let cpu: f64 = rec
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("cpu "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{}: no cpu line in {:?}", interp.label, rec.stdout));
+        let expected = cpu * RATE;
+        let got = rec.samples_in("work") as f64;
+        let error = (got - expected) / expected;
+        eprintln!(
+            "{}: {got} samples in work(), {cpu:.3} s CPU × {RATE} Hz = {expected:.0} ({:+.1} %)",
+            interp.label,
+            100.0 * error
+        );
+        if error.abs() > 0.15 {
+            failures.push(format!(
+                "{}: {got} samples for {expected:.0} expected ({:+.1} %)\n{}",
+                interp.label,
+                100.0 * error,
+                rec.stderr
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// `-- CMD` launches the program, profiles it, and exits with its exit code.
 #[test]
 fn command_mode_profiles_and_propagates_exit_code() {

@@ -315,7 +315,6 @@ impl Tmux {
             .map(|o| !o.status.success())
             .unwrap_or(true)
         {
-            eprintln!("skipped: tmux is not installed");
             return None;
         }
         let tmux = Tmux {
@@ -394,6 +393,7 @@ impl Drop for Tmux {
 fn live_view_in_tmux() {
     let _serial = serial();
     let Some(tmux) = Tmux::start(140, 40) else {
+        tests::missing_prerequisite("live_view_in_tmux", "tmux is not installed");
         return;
     };
     let interp = first_interpreter();
@@ -503,6 +503,10 @@ fn pyebpf_top_pid(args: &str) -> u32 {
 fn live_view_restores_the_terminal_on_sigterm_and_sighup() {
     let _serial = serial();
     let Some(tmux) = Tmux::start(140, 40) else {
+        tests::missing_prerequisite(
+            "live_view_restores_the_terminal_on_sigterm_and_sighup",
+            "tmux is not installed",
+        );
         return;
     };
     let interp = first_interpreter();

@@ -3,10 +3,8 @@
 //! Each command lives in its own module; `util` echoes and runs subprocesses.
 mod apt;
 mod bench;
-mod bench_proc;
-mod bench_report;
-mod bench_run;
 mod codegen;
+mod consumers;
 mod demo;
 mod run;
 mod setup;

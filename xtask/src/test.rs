@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the project's one test command.
 //!
-//! fmt check -> setup -> go (for `go tool pprof`) -> sid root (optional) -> build `pyebpf` ->
-//! `cargo test --workspace` with `PYEBPF_BIN` and `PYEBPF_SID_ROOT` set for the integration
-//! tests.
+//! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
+//! consumer tests) -> sid root -> build `pyebpf` -> `cargo test --workspace` with
+//! `PYEBPF_BIN`, `PYEBPF_SID_ROOT` and the consumers' paths (`consumers::Consumers::env`) set
+//! for the integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
 
@@ -10,13 +11,15 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 
 use crate::apt;
+use crate::consumers;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
 
 #[derive(Args, Debug)]
 pub struct TestArgs {
-    /// Don't build the sid root (the 3.13-3.15 tests skip unless it already exists).
+    /// Don't build the sid root: the 3.13-3.15 tests then fail unless it already exists
+    /// (narrow the interpreters with PYEBPF_TEST_INTERPRETERS to leave them out on purpose).
     #[arg(long)]
     pub no_sidroot: bool,
     /// Skip the `cargo fmt --check` that normally runs first.
@@ -66,12 +69,29 @@ pub fn test(args: &TestArgs) -> Result<()> {
     }
     done("go", &mut lap);
 
+    // tests/tests/top.rs drives the live view in a real terminal (tmux).
+    util::step("tmux (for top's terminal tests)");
+    if util::on_path("tmux") {
+        eprintln!("ok: tmux");
+    } else if let Err(err) = apt::ensure(&["tmux"]) {
+        eprintln!("could not install tmux: {err:#}; top's terminal tests will fail");
+    }
+    done("tmux", &mut lap);
+
+    // tests/tests/consumers.rs opens the flame graph and the speedscope profile where users do.
+    util::step("chromium and speedscope (for the consumer tests)");
+    let consumers = consumers::ensure();
+    done("consumers", &mut lap);
+
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);
     if args.no_sidroot {
-        eprintln!("sid root not requested (--no-sidroot); 3.13-3.15 tests skip unless it exists");
-    } else if let Err(err) = sidroot::sidroot(&sid_args) {
-        eprintln!("sid root unavailable: {err:#}; 3.13–3.15 tests will skip");
+        eprintln!("sid root not requested (--no-sidroot); the 3.13-3.15 tests need it to exist");
+    } else {
+        // The sid root holds every interpreter read through `_Py_DebugOffsets`: without it
+        // those tests would have nothing to run on, so the run stops here.
+        sidroot::sidroot(&sid_args)
+            .context("the sid root (CPython 3.13-3.15) could not be built; the tests need it")?;
     }
     done("sid root", &mut lap);
 
@@ -86,6 +106,7 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let mut cmd = util::cargo();
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
+        .envs(consumers.env())
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");

@@ -126,13 +126,28 @@ pub fn read_code(
 
 /// Reads a `str` object (PEP 393 compact representation).
 pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<String> {
+    let (text, length) = read_str_prefix(mem, layout, addr, MAX_STRING_CHARS)?;
+    ensure!(
+        length <= MAX_STRING_CHARS,
+        "string of {length} characters is implausible"
+    );
+    Ok(text)
+}
+
+/// Reads at most `max_chars` characters of a `str` object; also returns its whole length.
+pub fn read_str_prefix(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    addr: u64,
+    max_chars: u64,
+) -> Result<(String, u64)> {
     ensure!(addr != 0, "NULL string");
     let u = &layout.unicode;
     let head = mem.read_upto(addr, FIRST_READ)?;
     let length = head.u64_at(u.length as usize).context("string header")?;
     let state = head.u32_at(u.state as usize).context("string header")?;
     ensure!(
-        length <= MAX_STRING_CHARS,
+        length <= i64::MAX as u64,
         "string of {length} characters is implausible"
     );
     let kind = (state >> u.kind_shift) & 0b111;
@@ -144,13 +159,14 @@ pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Str
         (false, 1 | 2 | 4) => (u.compact_data as usize, kind as usize),
         _ => bail!("string with unknown kind {kind}"),
     };
-    let need = data_off + length as usize * width;
+    let chars = length.min(max_chars) as usize;
+    let need = data_off + chars * width;
     let data = if need <= head.len() {
         head[data_off..need].to_vec()
     } else {
-        mem.read_vec(addr.wrapping_add(data_off as u64), length as usize * width)?
+        mem.read_vec(addr.wrapping_add(data_off as u64), chars * width)?
     };
-    Ok(match width {
+    let text = match width {
         1 => data.iter().map(|&b| b as char).collect(),
         2 => data
             .chunks_exact(2)
@@ -162,23 +178,40 @@ pub fn read_str(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Str
                 char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
             })
             .collect(),
-    })
+    };
+    Ok((text, length))
 }
 
 /// Reads a `bytes` object's contents.
 pub fn read_bytes(mem: &ProcessMemory, layout: &PyLayout, addr: u64) -> Result<Vec<u8>> {
+    let (data, size) = read_bytes_prefix(mem, layout, addr, MAX_LINETABLE_BYTES)?;
+    ensure!(
+        size <= MAX_LINETABLE_BYTES,
+        "bytes object of {size} bytes is implausible"
+    );
+    Ok(data)
+}
+
+/// Reads at most `max` bytes of a `bytes` object; also returns its whole size.
+pub fn read_bytes_prefix(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    addr: u64,
+    max: u64,
+) -> Result<(Vec<u8>, u64)> {
     ensure!(addr != 0, "NULL bytes object");
     let b = &layout.bytes;
     let head = mem.read_upto(addr, FIRST_READ)?;
     let size = head.u64_at(b.size as usize).context("bytes header")?;
     ensure!(
-        size <= MAX_LINETABLE_BYTES,
+        size <= i64::MAX as u64,
         "bytes object of {size} bytes is implausible"
     );
     let start = b.data as usize;
-    let end = start + size as usize;
+    let end = start + size.min(max) as usize;
     if end <= head.len() {
-        return Ok(head[start..end].to_vec());
+        return Ok((head[start..end].to_vec(), size));
     }
-    Ok(mem.read_vec(addr.wrapping_add(start as u64), size as usize)?)
+    let data = mem.read_vec(addr.wrapping_add(start as u64), end - start)?;
+    Ok((data, size))
 }

@@ -13,8 +13,8 @@
 use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, CoroutineLayout, LayoutSource, PyLayout, PyVersion,
-    ThreadLayout, UnicodeLayout,
+    BytesLayout, ChunkLayout, CodeLayout, CoroutineLayout, LayoutSource, ObjectLayout, PyLayout,
+    PyVersion, ThreadLayout, UnicodeLayout,
 };
 use super::tables::{code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, STACK_CHUNK};
 
@@ -68,6 +68,8 @@ struct Facts {
     compact_bit: u8,
     ascii_bit: u8,
     chunk: ChunkLayout,
+    /// `PyCellObject.ob_ref` (not in the struct).
+    cell_ref: u16,
     /// `FRAME_SUSPENDED_YIELD_FROM` (see [`CoroutineLayout::suspended_yield_from`]).
     suspended_yield_from: i8,
     /// See [`CoroutineLayout::yield_from_slot`].
@@ -385,6 +387,7 @@ const FACTS_313: Facts = Facts {
     compact_bit: 5,
     ascii_bit: 6,
     chunk: STACK_CHUNK,
+    cell_ref: 16,
     suspended_yield_from: -1,
     yield_from_slot: 1,
 };
@@ -723,6 +726,19 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         ob_type: v.offset("pyobject", "ob_type")?,
         tp_name: v.offset("type_object", "tp_name")?,
         frame_localsplus: v.offset("interpreter_frame", "localsplus")?,
+        objects: ObjectLayout {
+            code_argcount: v.offset("code_object", "argcount")?,
+            code_localsplusnames: v.offset("code_object", "localsplusnames")?,
+            code_localspluskinds: v.offset("code_object", "localspluskinds")?,
+            tuple_size: v.offset("tuple_object", "ob_size")?,
+            tuple_items: v.offset("tuple_object", "ob_item")?,
+            float_value: v.offset("float_object", "ob_fval")?,
+            long_size: v.offset("long_object", "lv_tag")?,
+            long_digits: v.offset("long_object", "ob_digit")?,
+            // Every CPython with `_Py_DebugOffsets` (3.13+) tags the size word.
+            long_tagged: true,
+            cell_ref: facts.cell_ref,
+        },
         coroutines: coroutines(v, facts),
     })
 }

@@ -100,6 +100,32 @@ pub struct ThreadLayout {
     pub interp: u16,
 }
 
+/// What `dump --locals` reads: how a frame's variables are named, and where the common
+/// immutable types keep their values. Offsets of the object after its `PyObject` header are
+/// from `ob_type`'s end in every build, but are listed, like everything else, as values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectLayout {
+    /// `PyCodeObject.co_argcount` (a C int).
+    pub code_argcount: u16,
+    /// `PyCodeObject.co_localsplusnames` (a tuple of str).
+    pub code_localsplusnames: u16,
+    /// `PyCodeObject.co_localspluskinds` (bytes, one `CO_FAST_*` kind per name).
+    pub code_localspluskinds: u16,
+    /// `PyTupleObject.ob_size` and `ob_item`.
+    pub tuple_size: u16,
+    pub tuple_items: u16,
+    /// `PyFloatObject.ob_fval`.
+    pub float_value: u16,
+    /// `PyLongObject`'s size word and its 30-bit digits.
+    pub long_size: u16,
+    pub long_digits: u16,
+    /// The size word is `long_value.lv_tag` (3.12+: sign in bits 0–1, digit count from bit 3),
+    /// not a signed digit count (`ob_size`).
+    pub long_tagged: bool,
+    /// `PyCellObject.ob_ref`: a cell variable's value.
+    pub cell_ref: u16,
+}
+
 /// Coroutine, set, linked-list and int fields the async view (`--async`, `dump --async`)
 /// reads, from `_Py_DebugOffsets` (3.14+). Builds whose struct lacks them (3.13) and the
 /// built-in 3.11/3.12 tables have none: [`PyLayout::coroutines`] is `None`.
@@ -170,6 +196,7 @@ pub struct PyLayout {
     pub tp_name: u16,
     /// `sizeof(_PyInterpreterFrame)` up to `localsplus`: the fixed part of a frame.
     pub frame_localsplus: u16,
+    pub objects: ObjectLayout,
     /// What the async view reads; `None` where the layout does not say (before 3.14).
     pub coroutines: Option<CoroutineLayout>,
 }

@@ -5,4 +5,6 @@ pub mod code;
 pub mod debug_offsets;
 pub mod layout;
 pub mod linetable;
+pub mod objects;
 pub mod tables;
+pub mod threads;

@@ -11,8 +11,8 @@ use profiler_common::{
 };
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, PyLayout, PyVersion, ThreadLayout,
-    UnicodeLayout,
+    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, ObjectLayout, PyLayout, PyVersion,
+    ThreadLayout, UnicodeLayout,
 };
 
 /// `_PyInterpreterFrame.owner` values (`enum _frameowner`) for 3.11: THREAD=0, GENERATOR=1,
@@ -52,6 +52,26 @@ pub(crate) fn code_tag_offset(code: &CodeLayout) -> u16 {
 }
 
 /// The layout of a CPython 3.11 or 3.12 build, or `None` for any other minor.
+/// Objects as 3.11 and 3.12 lay them out: `co_argcount` moved, the names and kinds sit just
+/// before `co_filename` in both; 3.12 tagged the int's size word (`lv_tag`).
+const OBJECTS_311: ObjectLayout = ObjectLayout {
+    code_argcount: 56,
+    code_localsplusnames: 96,
+    code_localspluskinds: 104,
+    tuple_size: 16,
+    tuple_items: 24,
+    float_value: 16,
+    long_size: 16,
+    long_digits: 24,
+    long_tagged: false,
+    cell_ref: 16,
+};
+const OBJECTS_312: ObjectLayout = ObjectLayout {
+    code_argcount: 52,
+    long_tagged: true,
+    ..OBJECTS_311
+};
+
 pub fn builtin(version: PyVersion) -> Option<PyLayout> {
     match (version.major, version.minor) {
         (3, 11) => Some(layout_311(version)),
@@ -149,6 +169,7 @@ fn layout_311(version: PyVersion) -> PyLayout {
         ob_type: 8,
         tp_name: 24,
         frame_localsplus: 72,
+        objects: OBJECTS_311,
         coroutines: None,
     }
 }
@@ -240,6 +261,7 @@ fn layout_312(version: PyVersion) -> PyLayout {
         ob_type: 8,
         tp_name: 24,
         frame_localsplus: 72,
+        objects: OBJECTS_312,
         coroutines: None,
     }
 }

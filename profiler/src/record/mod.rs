@@ -266,8 +266,8 @@ fn finish(
     }
     if let Some(idle) = session.idle_stats() {
         eprintln!(
-            "pyebpf: --idle: {} off-CPU samples from {} stack reads in {} passes ({} walks skipped over the per-pass cap, {} stacks moved while copied, {} errors)",
-            idle.samples, idle.stacks, idle.passes, idle.skipped, idle.changed, idle.errors
+            "pyebpf: --idle: {} off-CPU samples from {} stack reads in {} passes ({} walks skipped over the per-pass cap, {} stacks moved while copied, {} runnable threads waiting for a CPU not counted, {} errors)",
+            idle.samples, idle.stacks, idle.passes, idle.skipped, idle.changed, idle.runnable, idle.errors
         );
     }
     if profile.samples == 0 {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::bench_proc as proc_;
+use super::proc_;
 
 /// Who samples the targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]

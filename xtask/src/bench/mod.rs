@@ -8,8 +8,8 @@
 //! accuracy against the measured CPU split, and remote reads per sample. Results go to
 //! `target/bench/results.json`, the tables and chart to `BENCHMARKS.md` and `bench/chart.png`.
 //!
-//! Modules: `bench_proc` (children, cleanup, rusage, BPF stats), `bench_run` (one run),
-//! `bench_report` (tables and chart).
+//! Modules: `proc_` (children, cleanup, rusage, BPF stats), `run` (one run),
+//! `report` (tables and chart).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -17,12 +17,14 @@ use std::time::Instant;
 use anyhow::{Context as _, Result};
 use clap::Args;
 
-use crate::bench_proc as proc_;
-use crate::bench_report;
-use crate::bench_run::{self, Config, Env, Interp, Profiler, RunResult};
+mod proc_;
+mod report;
+mod run;
+
 use crate::run::build_release;
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
+use run::{Config, Env, Interp, Profiler, RunResult};
 
 const PY_SPY: &str = "py-spy==0.4.3";
 
@@ -74,8 +76,8 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     if args.report_only {
         let text = std::fs::read_to_string(&results_path)
             .with_context(|| format!("reading {}", results_path.display()))?;
-        let run: bench_report::Recorded = serde_json::from_str(&text)?;
-        return bench_report::write(&run, &util::workspace_root());
+        let run: report::Recorded = serde_json::from_str(&text)?;
+        return report::write(&run, &util::workspace_root());
     }
     // Signals are handled by our own thread from here on; the guard cleans up on return.
     let _cleanup = proc_::install_signal_handler()?;
@@ -148,7 +150,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         combos.len()
     ));
 
-    let mut recorded = bench_report::Recorded {
+    let mut recorded = report::Recorded {
         command: command_line(),
         commit: commit(),
         machine: machine(&env),
@@ -182,7 +184,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
                     cfg.procs,
                     round + 1
                 );
-                match bench_run::run_once(&env, interp, prof, *cfg, chunks, expect_wall, round) {
+                match run::run_once(&env, interp, prof, *cfg, chunks, expect_wall, round) {
                     Ok(r) => {
                         eprintln!("{}", summary(&r));
                         recorded.results.push(r);
@@ -208,7 +210,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         results_path.display()
     );
     if !args.no_report {
-        bench_report::write(&recorded, &util::workspace_root())?;
+        report::write(&recorded, &util::workspace_root())?;
     }
     Ok(())
 }
@@ -235,7 +237,7 @@ fn summary(r: &RunResult) -> String {
     s
 }
 
-fn save(path: &Path, recorded: &bench_report::Recorded) -> Result<()> {
+fn save(path: &Path, recorded: &report::Recorded) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -343,7 +345,7 @@ fn prepare(args: &BenchArgs) -> Result<Env> {
     ]))
     .is_some_and(|o| o.status.success())
     {
-        let dest = sid.join(bench_run::SID_WORKLOAD.trim_start_matches('/'));
+        let dest = sid.join(run::SID_WORKLOAD.trim_start_matches('/'));
         std::fs::create_dir_all(dest.parent().context("workload dir")?)?;
         std::fs::copy(&workload, &dest)
             .with_context(|| format!("copying the workload to {}", dest.display()))?;

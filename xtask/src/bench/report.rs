@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::bench_run::{Config, Interp, Profiler, RunResult};
+use super::run::{Config, Interp, Profiler, RunResult};
 
 /// Everything one `cargo xtask bench` invocation recorded (target/bench/results.json).
 #[derive(Serialize, Deserialize)]

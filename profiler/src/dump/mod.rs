@@ -1,0 +1,71 @@
+//! `pyebpf dump`: one look at every thread of the named processes, then exit.
+//!
+//! The Python part needs no BPF: thread lists and stacks are read from outside
+//! (`snapshot`). `--native` adds a short sampling window on the one driver (`native`), the
+//! only way to see a thread's native frames without stopping it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::cli::DumpArgs;
+use crate::discovery::{inspect_requested, PythonProcess};
+use crate::elf::ElfCache;
+use crate::symbolize::Symbolizer;
+
+pub mod native;
+pub mod snapshot;
+mod text;
+
+use snapshot::ProcessDump;
+
+pub fn run(args: DumpArgs) -> Result<i32> {
+    if args.native.native {
+        crate::privileges::check()?;
+    }
+    // Every pid is checked before anything is printed: a typo gets one line and exit 2.
+    let elves = ElfCache::default();
+    let mut procs: Vec<PythonProcess> = Vec::with_capacity(args.pids.len());
+    for &pid in &args.pids {
+        if procs.iter().any(|p| p.pid == pid) {
+            continue;
+        }
+        procs.push(inspect_requested(pid, &elves)?);
+    }
+    let window = Duration::from_millis(args.native_window);
+    let sampled = match args.native.options() {
+        Some(native) => Some(native::sample_window(&args.pids, window, native)?),
+        None => None,
+    };
+    let mut symbols = Symbolizer::default();
+    let mut dumps: Vec<ProcessDump> = Vec::with_capacity(procs.len());
+    let mut failed = 0;
+    for proc in &procs {
+        let at = Instant::now();
+        match snapshot::snapshot(proc, &mut symbols, args.locals) {
+            Ok(mut dump) => {
+                if let Some(sampled) = &sampled {
+                    for t in &mut dump.threads {
+                        t.native = Some(native::for_thread(sampled, proc.pid, t.tid, at, window));
+                    }
+                }
+                dumps.push(dump);
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!(
+                    "pyebpf: error: reading the threads of {} {}: {e:#}",
+                    proc.command,
+                    proc.id_label()
+                );
+            }
+        }
+    }
+    if args.json {
+        let doc = serde_json::json!({ "processes": dumps });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", text::render(&dumps));
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}

@@ -1,0 +1,374 @@
+//! `pyebpf dump`: every thread's name, state and Python frames (with `--locals`, their
+//! variables), read from a live process without stopping it, under every interpreter.
+//!
+//! `dump_threads.py` runs three named threads in known places (a spinner on a CPU, a sleeper
+//! with known locals, a waiter on an Event) and a heartbeat thread.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tests::{interpreters_logged, marker_lines, one_line_error, pyebpf_bin, temp_path, Workload};
+
+fn dump(args: &[&str]) -> std::process::Output {
+    Command::new(pyebpf_bin())
+        .arg("dump")
+        .args(args)
+        .output()
+        .expect("running pyebpf dump")
+}
+
+fn dump_json(pid: u32, extra: &[&str]) -> Value {
+    let pid = pid.to_string();
+    let mut args = vec!["-p", &pid, "--json"];
+    args.extend_from_slice(extra);
+    let out = dump(&args);
+    assert!(
+        out.status.success(),
+        "dump failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("dump --json is JSON")
+}
+
+/// The thread with host id `tid` in the one process of `doc`.
+fn thread<'a>(doc: &'a Value, tid: &str) -> &'a Value {
+    doc["processes"][0]["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .find(|t| t["tid"].as_u64() == tid.parse().ok())
+        .unwrap_or_else(|| panic!("no thread {tid} in {doc}"))
+}
+
+fn frames(thread: &Value) -> Vec<(String, u64)> {
+    thread["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .map(|f| {
+            (
+                f["function"].as_str().unwrap_or("").to_string(),
+                f["line"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// name → (value, is argument) of the top frame.
+fn top_locals(thread: &Value) -> HashMap<String, (String, bool)> {
+    thread["frames"][0]["locals"]
+        .as_array()
+        .expect("locals")
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap().to_string(),
+                (
+                    l["value"].as_str().unwrap().to_string(),
+                    l["arg"].as_bool().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Heartbeats so far and the longest gap between two (seconds), from the workload's file.
+fn heartbeat(path: &std::path::Path) -> (u64, f64) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut parts = text.split_whitespace();
+    (
+        parts.next().and_then(|p| p.parse().ok()).unwrap_or(0),
+        parts.next().and_then(|p| p.parse().ok()).unwrap_or(0.0),
+    )
+}
+
+/// Watches every thread of `pid` until stopped: whether any was ever seen stopped (`T`) or in
+/// a tracing stop (`t`), which pausing a process to read it would show.
+fn watch_for_stops(pid: u32, done: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        while !done.load(Ordering::Relaxed) {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                break;
+            };
+            for task in tasks.flatten() {
+                let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                    continue;
+                };
+                let state = stat
+                    .rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next());
+                if matches!(state, Some('T' | 't')) {
+                    seen.push(stat);
+                }
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        seen
+    })
+}
+
+#[test]
+fn dump_shows_each_thread_without_stopping_it() {
+    let interps = interpreters_logged();
+    assert!(!interps.is_empty(), "no supported interpreter found");
+    let lines = marker_lines("dump_threads.py");
+    let mut failures = Vec::new();
+    for interp in &interps {
+        // The heartbeat file is written by the workload: inside the chroot for the sid ones.
+        let inside = temp_path("dump-heartbeat", "txt");
+        let host = match &interp.root {
+            Some(root) => root.join(inside.strip_prefix("/").unwrap()),
+            None => inside.clone(),
+        };
+        let workload = Workload::start(interp, "dump_threads.py", &[inside.to_str().unwrap()]);
+        let pid = workload.pid();
+        let tids: HashMap<&str, String> = ["spinner", "sleeper", "waiter", "main"]
+            .into_iter()
+            .map(|n| (n, workload.printed(n)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let (beats_before, _) = heartbeat(&host);
+        let done = Arc::new(AtomicBool::new(false));
+        let watcher = watch_for_stops(pid, done.clone());
+        let docs: Vec<Value> = (0..5).map(|_| dump_json(pid, &["--locals"])).collect();
+        let text = dump(&["-p", &pid.to_string()]);
+        done.store(true, Ordering::Relaxed);
+        let stops = watcher.join().unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let (beats_after, _) = heartbeat(&host);
+        drop(workload);
+        let _ = std::fs::remove_file(&host);
+
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, what: String| {
+            if !ok {
+                problems.push(what);
+            }
+        };
+        check(stops.is_empty(), format!("a thread was stopped: {stops:?}"));
+        check(
+            beats_after > beats_before,
+            format!("heartbeats {beats_before} → {beats_after}: the target made no progress"),
+        );
+        let doc = &docs[0];
+        let p = &doc["processes"][0];
+        check(p["pid"].as_u64() == Some(pid as u64), format!("pid in {p}"));
+        check(
+            p["threads"].as_array().map(|t| t.len()) == Some(5),
+            "five thread states (main, three workers, heartbeat)".into(),
+        );
+        // Names: the OS names each thread gave itself.
+        for name in ["spinner", "sleeper", "waiter"] {
+            let t = thread(doc, &tids[name]);
+            check(t["name"] == name, format!("{name}: named {}", t["name"]));
+        }
+        // Frames, most recent first, at the marked lines.
+        let expect_top = [
+            ("spinner", "spin", lines["spin"]),
+            ("sleeper", "nap", lines["nap"]),
+            ("main", "main", lines["main"]),
+        ];
+        for (who, function, line) in expect_top {
+            let f = frames(thread(doc, &tids[who]));
+            check(
+                f.first() == Some(&(function.to_string(), line as u64)),
+                format!(
+                    "{who}: top frame {:?}, expected {function}:{line}",
+                    f.first()
+                ),
+            );
+        }
+        let waiter = frames(thread(doc, &tids["waiter"]));
+        let at = waiter.iter().position(|f| f.0 == "wait_here");
+        check(
+            at.is_some_and(|i| i > 0 && waiter[i].1 == lines["wait"] as u64)
+                && waiter.iter().any(|f| f.0 == "Event.wait"),
+            format!("waiter: {waiter:?}"),
+        );
+        let main = frames(thread(doc, &tids["main"]));
+        check(
+            main.last().is_some_and(|f| f.0 == "<module>"),
+            format!("main thread: {main:?}"),
+        );
+        // States: the sleeper and waiter are idle in every dump; the spinner was seen on a
+        // CPU, holding the GIL, in at least one of five.
+        for who in ["sleeper", "waiter"] {
+            let states: Vec<&Value> = docs
+                .iter()
+                .map(|d| &thread(d, &tids[who])["state"])
+                .collect();
+            check(
+                states.iter().all(|s| *s == "idle"),
+                format!("{who}: states {states:?}"),
+            );
+            let gil: Vec<&Value> = docs
+                .iter()
+                .map(|d| &thread(d, &tids[who])["holds_gil"])
+                .collect();
+            check(
+                gil.iter().all(|g| *g == false),
+                format!("{who}: holds_gil {gil:?}"),
+            );
+        }
+        let spinner: Vec<&Value> = docs.iter().map(|d| thread(d, &tids["spinner"])).collect();
+        check(
+            spinner
+                .iter()
+                .any(|t| t["state"] == "running" && t["holds_gil"] == true),
+            format!(
+                "spinner never seen running with the GIL: {:?}",
+                spinner
+                    .iter()
+                    .map(|t| (&t["state"], &t["holds_gil"]))
+                    .collect::<Vec<_>>()
+            ),
+        );
+        // Locals, read from the target's memory.
+        let sleeper = top_locals(thread(doc, &tids["sleeper"]));
+        let want = [
+            ("seconds", "30.5", true),
+            ("name", "'sleeper'", false),
+            ("data", "b'\\x00ab\\''", false),
+            ("ratio", "0.25", false),
+            ("flag", "True", false),
+            ("nothing", "None", false),
+            ("big", "1180591620717411303424", false),
+            ("neg", "-12345", false),
+        ];
+        for (name, value, arg) in want {
+            check(
+                sleeper.get(name) == Some(&(value.to_string(), arg)),
+                format!(
+                    "sleeper local {name}: {:?}, expected {value}",
+                    sleeper.get(name)
+                ),
+            );
+        }
+        check(
+            sleeper
+                .get("items")
+                .is_some_and(|v| v.0.starts_with("<list at 0x")),
+            format!("sleeper local items: {:?}", sleeper.get("items")),
+        );
+        let spin = top_locals(thread(doc, &tids["spinner"]));
+        check(
+            spin.get("rounds") == Some(&("7".into(), true))
+                && spin.get("label") == Some(&("'spin-label'".into(), true)),
+            format!("spinner locals {spin:?}"),
+        );
+        // The spinner's counter moves between dumps: it kept running.
+        let counts: std::collections::HashSet<String> = spinner
+            .iter()
+            .filter_map(|t| {
+                t["frames"][0]["locals"]
+                    .as_array()?
+                    .iter()
+                    .find(|l| l["name"] == "count")
+                    .map(|l| l["value"].to_string())
+            })
+            .collect();
+        check(
+            counts.len() > 1,
+            format!("spinner's count never changed: {counts:?}"),
+        );
+        // The text form.
+        let text = String::from_utf8_lossy(&text.stdout);
+        check(
+            text.contains(&format!(
+                "Thread {} \"sleeper\": idle (S)\n    nap (",
+                tids["sleeper"]
+            )) && text.contains(&format!("Process {pid}: ")),
+            format!("text dump:\n{text}"),
+        );
+        eprintln!(
+            "{}: ok={} heartbeats {beats_before}→{beats_after}, spinner counts {}",
+            interp.label,
+            problems.is_empty(),
+            counts.len()
+        );
+        if !problems.is_empty() {
+            failures.push(format!("{}:\n  {}", interp.label, problems.join("\n  ")));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn dump_several_processes_at_once() {
+    let interp = &interpreters_logged()[0];
+    let a = Workload::start(interp, "threads.py", &[]);
+    let b = Workload::start(interp, "sleeper.py", &[]);
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let out = dump(&["-p", &pa, "-p", &pb, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pids: Vec<String> = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].to_string())
+        .collect();
+    assert_eq!(pids, [pa, pb]);
+    let alpha = a.printed("alpha");
+    let threads = doc["processes"][0]["threads"].as_array().unwrap();
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["tid"].as_u64() == alpha.parse().ok()
+                && t["frames"][0]["function"] == "spin_alpha"),
+        "{doc}"
+    );
+}
+
+#[test]
+fn dump_bad_pid_is_one_line_exit_2() {
+    let sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let out = dump(&["-p", &pid]);
+    let mut sleeper = sleeper;
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let line = one_line_error(&stderr);
+    assert!(line.contains("is not a CPython process"), "{line}");
+    assert!(out.stdout.is_empty(), "nothing printed for a bad pid");
+    let out = dump(&[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn dump_native_for_threads_on_a_cpu() {
+    let interp = &interpreters_logged()[0];
+    let inside = temp_path("dump-native-heartbeat", "txt");
+    let workload = Workload::start(interp, "dump_threads.py", &[inside.to_str().unwrap()]);
+    let doc = dump_json(workload.pid(), &["--native"]);
+    let spinner = thread(&doc, &workload.printed("spinner"));
+    let sleeper = thread(&doc, &workload.printed("sleeper"));
+    drop(workload);
+    let _ = std::fs::remove_file(&inside);
+    let sampled = &spinner["native"]["sampled"];
+    let functions: Vec<&str> = sampled["frames"]
+        .as_array()
+        .unwrap_or_else(|| panic!("spinner has no sampled native stack: {spinner}"))
+        .iter()
+        .map(|f| f["function"].as_str().unwrap())
+        .collect();
+    assert!(
+        functions.contains(&"spin") && functions.contains(&"Thread._bootstrap"),
+        "{functions:?}"
+    );
+    let why = sleeper["native"]["unavailable"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sleeper}"));
+    assert!(why.contains("without pausing it"), "{why}");
+}
