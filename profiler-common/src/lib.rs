@@ -137,7 +137,10 @@ pub struct ProcInfo {
     pub pidns_ino: u64,
     /// `NATIVE_*`: how the user stack is captured with each sample (0: not at all).
     pub native: u32,
-    pub _pad0: u32,
+    /// `--async`: offset of `asyncio_running_task` in the thread state (from the `_asyncio`
+    /// module's `_Py_AsyncioModuleDebugOffsets`, CPython 3.14+), read into
+    /// [`SampleHeader::running_task`] with each sample; 0: off.
+    pub running_task_offset: u32,
 }
 
 /// [`ProcInfo::native`]: no native stack.
@@ -221,6 +224,10 @@ pub struct SampleHeader {
     pub entry_bits: [u64; 2],
     /// The thread's user registers at the interrupt: ip, sp, bp (with a native part).
     pub regs: [u64; 3],
+    /// `--async`: the thread's running asyncio task (`tstate->asyncio_running_task`, a
+    /// `TaskObj *`) at sample time; 0 when none runs, when the read failed or when the process
+    /// has no [`ProcInfo::running_task_offset`].
+    pub running_task: u64,
 }
 
 /// The complete record as assembled in the per-CPU sample buffer; only the used prefix is

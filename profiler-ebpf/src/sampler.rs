@@ -247,11 +247,21 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         native_len: 0,
         entry_bits,
         regs: [0; 3],
+        running_task: 0,
     };
     if proc.native != 0 {
         match user {
             Some(user) => native_stack(sample, nframes, proc.native, user, c_entry),
             None => bump(stat::NATIVE_ERRORS),
+        }
+    }
+    // `--async`: at most one extra read, only for processes that asked for it. Last, so that
+    // its branch does not double the states the verifier explores through the walk (6.1
+    // refused the `--debug-bpf` build at 1M instructions with this read before the walk).
+    let running_task_offset = proc.running_task_offset;
+    if running_task_offset != 0 {
+        if let Some(task) = read_u64(tstate.wrapping_add(running_task_offset as u64)) {
+            sample.header.running_task = task;
         }
     }
     // A young process's samples go out at once (see `ProcInfo::eager_samples`).

@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod aggregate;
+pub mod awaiters;
 pub mod bpf;
 pub mod check;
 pub mod cli;

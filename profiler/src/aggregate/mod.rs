@@ -30,6 +30,9 @@ pub enum FrameKind {
     Python,
     /// A native function (`--native`): `file` is its module (`libz.so.1`).
     Native,
+    /// `<task NAME>` (`--async`): the asyncio task running the frames above it, awaited by
+    /// the task below.
+    Task,
     /// The rest of a stack that could not be completed or validated, or (the
     /// [`OVER_LIMIT`] frame) samples past a profile's stack limit.
     Truncated,

@@ -103,6 +103,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: args.native.options(),
+        async_tasks: args.async_tasks,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
@@ -221,6 +222,27 @@ fn finish(
             kernel.native_stack_copies,
             kernel.native_fp_fallbacks,
             n.unwind_failures,
+        );
+    }
+    if let Some(a) = session.async_stats() {
+        let pct = |x: u64| 100.0 * x as f64 / a.task_samples.max(1) as f64;
+        eprintln!(
+            "pyebpf: async: {} of {} processes with task frames; {} samples ran a task: {:.1}% \
+             rewritten with <task> frames, {:.1}% kept (coroutine frame not in the stack), \
+             {:.1}% kept (task unreadable); chains cut: {} too deep, {} cycles; {} task reads, \
+             {} cache evictions",
+            a.processes,
+            a.processes + a.processes_unsupported + a.processes_pending,
+            a.task_samples,
+            pct(a.rewritten),
+            pct(a.frame_not_found),
+            pct(a
+                .task_samples
+                .saturating_sub(a.rewritten + a.frame_not_found)),
+            a.truncated_depth,
+            a.truncated_cycle,
+            a.cache_misses,
+            a.cache_evictions,
         );
     }
     let c = session.completion_stats();

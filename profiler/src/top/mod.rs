@@ -292,6 +292,7 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: None,
+        async_tasks: false,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {
