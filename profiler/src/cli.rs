@@ -83,7 +83,8 @@ pub enum Command {
             sudo pyebpf dump -p 1234                  every thread's Python stack\n  \
             sudo pyebpf dump -p 1234 --locals         with each frame's arguments and variables\n  \
             sudo pyebpf dump -p 1234 -p 5678 --json   several processes, for a script\n  \
-            sudo pyebpf dump -p 1234 --native         native frames of the threads on a CPU"
+            sudo pyebpf dump -p 1234 --native         native frames of the threads on a CPU\n  \
+            sudo pyebpf dump -p 1234 --async          the asyncio task tree too (3.14+)"
     )]
     Dump(DumpArgs),
     /// Profile every Python process on the host, continuously, for a profiling backend:
@@ -219,6 +220,12 @@ pub struct DumpArgs {
     /// `__repr__` is called.
     #[arg(long)]
     pub locals: bool,
+    /// Also show the asyncio task tree (CPython 3.14+): every task, its name, the coroutine
+    /// stack it is suspended in, and the tasks awaiting it, as `python -m asyncio pstree PID`
+    /// shows them, read from the task lists the interpreter publishes for debuggers. Older
+    /// versions don't publish them: their threads are shown, with a note.
+    #[arg(long = "async")]
+    pub asyncio: bool,
     /// With --native: how long to sample (milliseconds) to catch running threads on a CPU.
     #[arg(long, value_name = "MS", default_value_t = 200, requires = "native",
           value_parser = clap::value_parser!(u64).range(10..=10_000))]
