@@ -118,6 +118,21 @@ pub struct PyOffsets {
     pub _pad2: u32,
 }
 
+impl PyOffsets {
+    /// A frame whose owner is a C-stack/interpreter shim, not Python code (see
+    /// `skip_owner_mask`): the kernel walk and userspace completion skip the same frames.
+    #[inline(always)]
+    pub fn is_shim(&self, owner: u64) -> bool {
+        owner < 32 && self.skip_owner_mask & (1 << owner) != 0
+    }
+
+    /// A frame whose owner marks an eval loop's entry frame (see `entry_owner_mask`).
+    #[inline(always)]
+    pub fn is_entry_owner(&self, owner: u64) -> bool {
+        owner < 32 && self.entry_owner_mask & (1 << owner) != 0
+    }
+}
+
 /// `PROCS` value: one registered interpreter process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -779,7 +779,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     let mut code = words.executable & layout.executable_mask;
     let owner_shift = (layout.frame_owner % 8) * 8;
     let owner = (words.owner >> owner_shift) & 0xff;
-    let entry_owner = owner < 32 && layout.entry_owner_mask & (1 << owner) != 0;
+    let entry_owner = layout.is_entry_owner(owner);
     let is_entry = layout.frame_is_entry != 0
         && (words.owner >> ((layout.frame_is_entry % 8) * 8)) & 0xff != 0;
     if entry_owner || is_entry {
@@ -791,7 +791,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     {
         walk.c_entry = walk.frame;
     }
-    if owner < 32 && layout.skip_owner_mask & (1 << owner) != 0 {
+    if layout.is_shim(owner) {
         code = 0;
     } else if owner > PYTHON_OWNERS_MAX {
         log_if!(

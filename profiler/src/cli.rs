@@ -242,19 +242,26 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
+/// What `record` and `top` sample, and how often.
 #[derive(Args, Debug)]
-pub struct RecordArgs {
-    /// Profile this process (repeat for several). With neither --pid nor a command, every
-    /// Python process on the host is profiled, including ones that start later.
+pub struct TargetArgs {
+    /// Only this process (repeat for several). Default: every Python process on the host,
+    /// including ones that start later (and, for `record`, not with a COMMAND to launch).
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Samples per second per CPU.
+    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
+    pub rate: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or SIGHUP, or until the
     /// targets exit; each writes the profile).
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_duration)]
     pub duration: Option<f64>,
-    /// Samples per second per CPU.
-    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
-    pub rate: u64,
     /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>). Checked
     /// before sampling starts; if writing still fails at the end, the profile is saved to a
     /// file in the temporary directory and the message names it (exit code 1).
@@ -304,13 +311,8 @@ pub struct RecordArgs {
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
-    /// Show only this process (repeat for several). Default: every Python process on the
-    /// host, including ones that start while `top` runs.
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Samples per second per CPU.
-    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
-    pub rate: u64,
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Seconds between refreshes; %Own and %Total cover the last interval.
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
     pub delay: f64,

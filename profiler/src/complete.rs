@@ -299,7 +299,7 @@ impl StackCopy {
             let owner = bytes.get(k.frame_owner as usize).copied().unwrap_or(0) as u32;
             hash = fold_frame(hash, frame, code, instr);
             count += 1;
-            let shim = owner < 32 && k.skip_owner_mask & (1 << owner) != 0;
+            let shim = k.is_shim(owner as u64);
             if !shim && code != 0 {
                 frames.push(FrameRecord {
                     frame,

@@ -19,7 +19,7 @@ use crate::aggregate::Profile;
 use stats::{stats_json, MapReport};
 
 pub fn run(mut args: RecordArgs) -> Result<i32> {
-    crate::check::preflight(&args.pids)?;
+    crate::check::preflight(&args.targets.pids)?;
     // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
     let output = args
         .output
@@ -81,8 +81,8 @@ impl Sink for Recorder {
 async fn record(args: RecordArgs) -> Result<i32> {
     let scope = if !args.command.is_empty() {
         Scope::Command(args.command.clone())
-    } else if !args.pids.is_empty() {
-        Scope::Pids(args.pids.clone())
+    } else if !args.targets.pids.is_empty() {
+        Scope::Pids(args.targets.pids.clone())
     } else {
         Scope::Host
     };
@@ -93,7 +93,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     };
     let options = Options {
         scope,
-        rate_hz: args.rate,
+        rate_hz: args.targets.rate,
         debug: args.debug.bits(),
         gil: args.gil,
         idle: args.idle,
@@ -185,7 +185,7 @@ fn finish(
     profile.timing = crate::aggregate::Timing {
         start_unix_ns: start.map_or(0, |t| t.as_nanos() as u64),
         duration_ns: elapsed.as_nanos() as u64,
-        period_ns: 1_000_000_000 / args.rate.max(1),
+        period_ns: 1_000_000_000 / args.targets.rate.max(1),
     };
     let st = session.stats();
     let kernel = session.kernel_stats();
