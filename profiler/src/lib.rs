@@ -40,9 +40,6 @@ pub mod session;
 pub mod symbolize;
 pub mod top;
 
-#[cfg(test)]
-mod hostile_memory;
-
 /// Bad usage or input: reported as one line, exit code 2.
 #[derive(Debug)]
 pub struct UsageError(pub String);

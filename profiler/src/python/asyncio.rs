@@ -817,3 +817,44 @@ mod tests {
         drop((ty, code));
     }
 }
+
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use crate::memory::test_support::{hostile_process, layouts, Arena};
+
+    #[test]
+    fn asyncio_readers_survive_hostile_memory() {
+        // sid 3.14.10's `.AsyncioDebug`.
+        let section: Vec<u8> = [
+            168u64, 136, 96, 108, 109, 128, 152, 225864, 10880, 936, 864, 872, 880,
+        ]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+        let offsets = AsyncOffsets::parse(&section).expect("the real section parses");
+        let mut rng = fastrand::Rng::with_seed(17);
+        let mem = ProcessMemory::new(std::process::id());
+        let mut arena = Arena::new();
+        let (mut runs, mut tasks) = (0, 0);
+        for layout in layouts() {
+            let Ok(a) = AsyncLayout::new(offsets, &layout) else {
+                continue;
+            };
+            runs += 1;
+            for _ in 0..300 {
+                arena.scramble(&mut rng);
+                for _ in 0..10 {
+                    if let Ok(task) = read_task(&mem, &layout, &a, arena.inside(&mut rng)) {
+                        tasks += task.awaited_by.len() + task.coro_frames.len();
+                    }
+                    let _ = coro_chain(&mem, &layout, &a, arena.word(&mut rng));
+                }
+                let proc = hostile_process(arena.word(&mut rng), layout);
+                let _ = all_tasks(&mem, &proc, &a);
+            }
+        }
+        assert_eq!(runs, 2, "the 3.14 and 3.15 layouts take part");
+        let _ = tasks;
+    }
+}
