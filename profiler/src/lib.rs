@@ -2,7 +2,8 @@
 //!
 //! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffers) → `decode`
 //! (records) → `resolve` (`complete` finishes deep stacks, `symbolize` names code objects via
-//! `python::code` and `python::linetable`, `native` unwinds and merges native frames) →
+//! `python::code` and `python::linetable`, `native` unwinds and merges native frames, `awaiters` adds asyncio `<task>` frames from
+//! `python::asyncio`) →
 //! `aggregate` → `output::*` (flame graph, speedscope, collapsed, pprof; `output::destination`
 //! keeps the file safe). Processes: `discovery` (which are interpreters: `elf`, `python::*`
 //! layouts, `procfs` facts), `registry` and `lifecycle` (exec and exit), `identity` (service
