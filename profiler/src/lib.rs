@@ -2,10 +2,10 @@
 //!
 //! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffers) → `decode`
 //! (records) → `resolve` (`complete` finishes deep stacks, `symbolize` names code objects via
-//! `python::code` and `python::linetable`, `native` unwinds and merges native frames, `awaiters` adds asyncio `<task>` frames from
-//! `python::asyncio`) →
-//! `aggregate` → `output::*` (flame graph, speedscope, collapsed, pprof; `output::destination`
-//! keeps the file safe). Processes: `discovery` (which are interpreters: `elf`, `python::*`
+//! `python::code` and `python::linetable`, `native` unwinds and merges native frames,
+//! `awaiters` adds asyncio `<task>` frames from `python::asyncio`) → `aggregate` →
+//! `output::*` (flame graph, speedscope, collapsed, pprof; `output::destination` keeps the
+//! file safe). Processes: `discovery` (which are interpreters: `elf`, `python::*`
 //! layouts, `procfs` facts), `registry` and `lifecycle` (exec and exit), `identity` (service
 //! and container labels). `session` holds the BPF side and the resolver; `driver` is the one
 //! sampling loop, and each command is a sink on it: `record`, `top`, `agent`. `idle` samples
