@@ -118,6 +118,21 @@ pub struct PyOffsets {
     pub _pad2: u32,
 }
 
+impl PyOffsets {
+    /// A frame whose owner is a C-stack/interpreter shim, not Python code (see
+    /// `skip_owner_mask`): the kernel walk and userspace completion skip the same frames.
+    #[inline(always)]
+    pub fn is_shim(&self, owner: u64) -> bool {
+        owner < 32 && self.skip_owner_mask & (1 << owner) != 0
+    }
+
+    /// A frame whose owner marks an eval loop's entry frame (see `entry_owner_mask`).
+    #[inline(always)]
+    pub fn is_entry_owner(&self, owner: u64) -> bool {
+        owner < 32 && self.entry_owner_mask & (1 << owner) != 0
+    }
+}
+
 /// `PROCS` value: one registered interpreter process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,7 +152,10 @@ pub struct ProcInfo {
     pub pidns_ino: u64,
     /// `NATIVE_*`: how the user stack is captured with each sample (0: not at all).
     pub native: u32,
-    pub _pad0: u32,
+    /// `--async`: offset of `asyncio_running_task` in the thread state (from the `_asyncio`
+    /// module's `_Py_AsyncioModuleDebugOffsets`, CPython 3.14+), read into
+    /// [`SampleHeader::running_task`] with each sample; 0: off.
+    pub running_task_offset: u32,
 }
 
 /// [`ProcInfo::native`]: no native stack.
@@ -221,6 +239,10 @@ pub struct SampleHeader {
     pub entry_bits: [u64; 2],
     /// The thread's user registers at the interrupt: ip, sp, bp (with a native part).
     pub regs: [u64; 3],
+    /// `--async`: the thread's running asyncio task (`tstate->asyncio_running_task`, a
+    /// `TaskObj *`) at sample time; 0 when none runs, when the read failed or when the process
+    /// has no [`ProcInfo::running_task_offset`].
+    pub running_task: u64,
 }
 
 /// The complete record as assembled in the per-CPU sample buffer; only the used prefix is

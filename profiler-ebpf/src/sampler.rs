@@ -247,11 +247,21 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         native_len: 0,
         entry_bits,
         regs: [0; 3],
+        running_task: 0,
     };
     if proc.native != 0 {
         match user {
             Some(user) => native_stack(sample, nframes, proc.native, user, c_entry),
             None => bump(stat::NATIVE_ERRORS),
+        }
+    }
+    // `--async`: at most one extra read, only for processes that asked for it. Last, so that
+    // its branch does not double the states the verifier explores through the walk (6.1
+    // refused the `--debug-bpf` build at 1M instructions with this read before the walk).
+    let running_task_offset = proc.running_task_offset;
+    if running_task_offset != 0 {
+        if let Some(task) = read_u64(tstate.wrapping_add(running_task_offset as u64)) {
+            sample.header.running_task = task;
         }
     }
     // A young process's samples go out at once (see `ProcInfo::eager_samples`).
@@ -769,7 +779,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     let mut code = words.executable & layout.executable_mask;
     let owner_shift = (layout.frame_owner % 8) * 8;
     let owner = (words.owner >> owner_shift) & 0xff;
-    let entry_owner = owner < 32 && layout.entry_owner_mask & (1 << owner) != 0;
+    let entry_owner = layout.is_entry_owner(owner);
     let is_entry = layout.frame_is_entry != 0
         && (words.owner >> ((layout.frame_is_entry % 8) * 8)) & 0xff != 0;
     if entry_owner || is_entry {
@@ -781,7 +791,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     {
         walk.c_entry = walk.frame;
     }
-    if owner < 32 && layout.skip_owner_mask & (1 << owner) != 0 {
+    if layout.is_shim(owner) {
         code = 0;
     } else if owner > PYTHON_OWNERS_MAX {
         log_if!(

@@ -83,7 +83,8 @@ pub enum Command {
             sudo pyebpf dump -p 1234                  every thread's Python stack\n  \
             sudo pyebpf dump -p 1234 --locals         with each frame's arguments and variables\n  \
             sudo pyebpf dump -p 1234 -p 5678 --json   several processes, for a script\n  \
-            sudo pyebpf dump -p 1234 --native         native frames of the threads on a CPU"
+            sudo pyebpf dump -p 1234 --native         native frames of the threads on a CPU\n  \
+            sudo pyebpf dump -p 1234 --async          the asyncio task tree too (3.14+)"
     )]
     Dump(DumpArgs),
     /// Profile every Python process on the host, continuously, for a profiling backend:
@@ -187,6 +188,16 @@ pub struct AgentArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0, env = "PYEBPF_FLUSH_TIMEOUT",
           value_parser = parse_duration)]
     pub flush_timeout: f64,
+    /// Show asyncio tasks: a sample taken while a task runs ends, below that task's
+    /// coroutine, in a `<task NAME>` frame, then the coroutine frames of the task awaiting it
+    /// (`await task`, `gather`, a `TaskGroup`'s parent), its own `<task …>` frame, and so on
+    /// down to the root task, instead of the event loop's frames. So each task's CPU time sits
+    /// under the chain of tasks that wait for it. Needs CPython 3.14+, whose `_asyncio`
+    /// module publishes its task layout (`.AsyncioDebug`); a process on 3.11-3.13 is named
+    /// once and sampled without task frames. Costs one more 8-byte read per sample in the
+    /// kernel; task chains are read (rarely: cached briefly) from userspace.
+    #[arg(long = "async")]
+    pub async_tasks: bool,
     #[command(flatten)]
     pub native: NativeArgs,
     #[command(flatten)]
@@ -209,6 +220,12 @@ pub struct DumpArgs {
     /// `__repr__` is called.
     #[arg(long)]
     pub locals: bool,
+    /// Also show the asyncio task tree (CPython 3.14+): every task, its name, the coroutine
+    /// stack it is suspended in, and the tasks awaiting it, as `python -m asyncio pstree PID`
+    /// shows them, read from the task lists the interpreter publishes for debuggers. Older
+    /// versions don't publish them: their threads are shown, with a note.
+    #[arg(long = "async")]
+    pub asyncio: bool,
     /// With --native: how long to sample (milliseconds) to catch running threads on a CPU.
     #[arg(long, value_name = "MS", default_value_t = 200, requires = "native",
           value_parser = clap::value_parser!(u64).range(10..=10_000))]
@@ -225,19 +242,26 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
+/// What `record` and `top` sample, and how often.
 #[derive(Args, Debug)]
-pub struct RecordArgs {
-    /// Profile this process (repeat for several). With neither --pid nor a command, every
-    /// Python process on the host is profiled, including ones that start later.
+pub struct TargetArgs {
+    /// Only this process (repeat for several). Default: every Python process on the host,
+    /// including ones that start later (and, for `record`, not with a COMMAND to launch).
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Samples per second per CPU.
+    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
+    pub rate: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Stop after this many seconds (default: until Ctrl-C, SIGTERM or SIGHUP, or until the
     /// targets exit; each writes the profile).
     #[arg(short, long, value_name = "SECONDS", value_parser = parse_duration)]
     pub duration: Option<f64>,
-    /// Samples per second per CPU.
-    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
-    pub rate: u64,
     /// Where to write the profile (default: pyebpf-<date>-<time>.<format extension>). Checked
     /// before sampling starts; if writing still fails at the end, the profile is saved to a
     /// file in the temporary directory and the message names it (exit code 1).
@@ -266,6 +290,16 @@ pub struct RecordArgs {
     /// costs) as JSON to this file, for scripts and benchmarks.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
+    /// Show asyncio tasks: a sample taken while a task runs ends, below that task's
+    /// coroutine, in a `<task NAME>` frame, then the coroutine frames of the task awaiting it
+    /// (`await task`, `gather`, a `TaskGroup`'s parent), its own `<task …>` frame, and so on
+    /// down to the root task, instead of the event loop's frames. So each task's CPU time sits
+    /// under the chain of tasks that wait for it. Needs CPython 3.14+, whose `_asyncio`
+    /// module publishes its task layout (`.AsyncioDebug`); a process on 3.11-3.13 is named
+    /// once and sampled without task frames. Costs one more 8-byte read per sample in the
+    /// kernel; task chains are read (rarely: cached briefly) from userspace.
+    #[arg(long = "async")]
+    pub async_tasks: bool,
     #[command(flatten)]
     pub native: NativeArgs,
     #[command(flatten)]
@@ -277,13 +311,8 @@ pub struct RecordArgs {
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
-    /// Show only this process (repeat for several). Default: every Python process on the
-    /// host, including ones that start while `top` runs.
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Samples per second per CPU.
-    #[arg(short, long, value_name = "HZ", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=20_000))]
-    pub rate: u64,
+    #[command(flatten)]
+    pub targets: TargetArgs,
     /// Seconds between refreshes; %Own and %Total cover the last interval.
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0, value_parser = parse_duration)]
     pub delay: f64,

@@ -303,7 +303,7 @@ impl StackCopy {
             let owner = bytes.get(k.frame_owner as usize).copied().unwrap_or(0) as u32;
             hash = fold_frame(hash, frame, code, instr);
             count += 1;
-            let shim = owner < 32 && k.skip_owner_mask & (1 << owner) != 0;
+            let shim = k.is_shim(owner as u64);
             if !shim && code != 0 {
                 frames.push(FrameRecord {
                     frame,
@@ -469,5 +469,39 @@ mod tests {
             (1, 0),
             "refused before reading"
         );
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use super::*;
+    use crate::memory::test_support::{layouts, Arena};
+    use profiler_common::SAMPLE_TRUNCATED;
+
+    #[test]
+    fn stack_completion_survives_hostile_memory() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let pid = std::process::id();
+        let mut arena = Arena::new();
+        let mut completer = Completer::default();
+        for layout in layouts() {
+            for _ in 0..300 {
+                arena.scramble(&mut rng);
+                for _ in 0..10 {
+                    let header = SampleHeader {
+                        datastack_chunk: arena.word(&mut rng),
+                        next_frame: arena.word(&mut rng),
+                        deep_hash: rng.u64(..),
+                        deep_frames: rng.u32(..),
+                        pid,
+                        tid: pid,
+                        flags: SAMPLE_TRUNCATED,
+                        ..Default::default()
+                    };
+                    let _ = completer.complete(pid, pid, &layout, &header);
+                }
+            }
+        }
+        assert!(completer.stats.reads > 0, "completion never read memory");
     }
 }

@@ -72,6 +72,8 @@ pub struct Options {
     pub first_look: Duration,
     /// Native frames with the Python ones (`--native`).
     pub native: Option<crate::native::NativeOptions>,
+    /// `<task NAME>` frames and awaiter chains for asyncio programs (`--async`).
+    pub async_tasks: bool,
 }
 
 /// Whether a sink wants the run to go on.
@@ -181,6 +183,9 @@ pub fn start(options: &Options) -> Result<Session> {
     }
     if options.idle {
         session.enable_idle(options.rate_hz);
+    }
+    if options.async_tasks {
+        session.enable_async();
     }
     session.delay_first_look(options.first_look);
     if let Scope::Pids(pids) = &options.scope {

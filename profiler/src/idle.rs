@@ -306,3 +306,25 @@ impl IdleSampler {
         Ok(Some((frames, truncated)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::test_support::{hostile_process, layouts, Arena};
+
+    #[test]
+    fn idle_thread_walk_survives_hostile_memory() {
+        let mut rng = fastrand::Rng::with_seed(13);
+        let mut arena = Arena::new();
+        let mut idle = IdleSampler::new(100);
+        for layout in layouts() {
+            for _ in 0..300 {
+                arena.scramble(&mut rng);
+                let proc = hostile_process(arena.word(&mut rng), layout);
+                let mut budget = 64;
+                let _ = idle.sample_process(&proc, 1, &mut budget);
+            }
+        }
+        assert!(idle.stats.reads > 0, "the idle walk never read memory");
+    }
+}

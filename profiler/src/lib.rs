@@ -2,9 +2,10 @@
 //!
 //! Modules follow one sample's path: `bpf` (kernel programs, maps, ring buffers) → `decode`
 //! (records) → `resolve` (`complete` finishes deep stacks, `symbolize` names code objects via
-//! `python::code` and `python::linetable`, `native` unwinds and merges native frames) →
-//! `aggregate` → `output::*` (flame graph, speedscope, collapsed, pprof; `output::destination`
-//! keeps the file safe). Processes: `discovery` (which are interpreters: `elf`, `python::*`
+//! `python::code` and `python::linetable`, `native` unwinds and merges native frames,
+//! `awaiters` adds asyncio `<task>` frames from `python::asyncio`) → `aggregate` →
+//! `output::*` (flame graph, speedscope, collapsed, pprof; `output::destination` keeps the
+//! file safe). Processes: `discovery` (which are interpreters: `elf`, `python::*`
 //! layouts, `procfs` facts), `registry` and `lifecycle` (exec and exit), `identity` (service
 //! and container labels). `session` holds the BPF side and the resolver; `driver` is the one
 //! sampling loop, and each command is a sink on it: `record`, `top`, `agent`. `idle` samples
@@ -13,6 +14,7 @@
 
 pub mod agent;
 pub mod aggregate;
+pub mod awaiters;
 pub mod bpf;
 pub mod check;
 pub mod cli;
@@ -40,9 +42,6 @@ pub mod resolve;
 pub mod session;
 pub mod symbolize;
 pub mod top;
-
-#[cfg(test)]
-mod hostile_memory;
 
 /// Bad usage or input: reported as one line, exit code 2.
 #[derive(Debug)]

@@ -119,3 +119,99 @@ impl Fields for [u8] {
         Some(u32::from_le_bytes(bytes.try_into().ok()?))
     }
 }
+
+/// Hostile memory for the readers' tests: everything that reads another process must survive
+/// any bytes it finds there (a target can free, reuse or scribble over memory between the
+/// kernel's sample and userspace's read). The tests beside each reader point it at memory of
+/// this very process filled with words chosen to break arithmetic (addresses near `u64::MAX`,
+/// huge sizes, self-references, unaligned pointers) and require that nothing panics, under
+/// every layout pyebpf knows.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::sync::Arc;
+
+    use crate::discovery::PythonProcess;
+    use crate::python::layout::{PyLayout, PyVersion};
+    use crate::python::{debug_offsets, tables};
+
+    const BUFFERS: usize = 8;
+    const WORDS: usize = 512;
+
+    /// Buffers of hostile words, some of which point into the buffers themselves.
+    pub(crate) struct Arena {
+        buffers: Vec<Box<[u64; WORDS]>>,
+    }
+
+    impl Arena {
+        pub(crate) fn new() -> Arena {
+            Arena {
+                buffers: (0..BUFFERS).map(|_| Box::new([0u64; WORDS])).collect(),
+            }
+        }
+
+        pub(crate) fn base(&self, i: usize) -> u64 {
+            self.buffers[i].as_ptr() as u64
+        }
+
+        /// An address inside the arena (sometimes unaligned, sometimes near a buffer's end).
+        pub(crate) fn inside(&self, rng: &mut fastrand::Rng) -> u64 {
+            let base = self.base(rng.usize(0..BUFFERS));
+            let bytes = (WORDS * 8) as u64;
+            match rng.u8(0..4) {
+                0 => base + rng.u64(0..bytes),
+                1 => base + bytes - rng.u64(1..64),
+                _ => base + 8 * rng.u64(0..WORDS as u64),
+            }
+        }
+
+        pub(crate) fn word(&self, rng: &mut fastrand::Rng) -> u64 {
+            match rng.u8(0..10) {
+                0..=2 => self.inside(rng),
+                3 => u64::MAX - rng.u64(0..64),
+                8 => u64::MAX - rng.u64(0..4096),
+                4 => rng.u64(..),
+                5 => rng.u64(0..8192),
+                6 => 1 << rng.u32(0..64),
+                7 => (1u64 << 47) - rng.u64(0..4096),
+                _ => 0,
+            }
+        }
+
+        pub(crate) fn scramble(&mut self, rng: &mut fastrand::Rng) {
+            for i in 0..BUFFERS {
+                for j in 0..WORDS {
+                    let w = self.word(rng);
+                    self.buffers[i][j] = w;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn layouts() -> Vec<PyLayout> {
+        let mut all: Vec<PyLayout> = [0x030b_07f0, 0x030c_01f0]
+            .into_iter()
+            .filter_map(|hex| tables::builtin(PyVersion::from_hex(hex)))
+            .collect();
+        all.extend(debug_offsets::fixtures::layouts());
+        assert_eq!(all.len(), 5, "every layout shape takes part");
+        all
+    }
+
+    /// A process record for this very process, its runtime at `runtime` (hostile memory).
+    pub(crate) fn hostile_process(runtime: u64, layout: PyLayout) -> PythonProcess {
+        PythonProcess {
+            pid: std::process::id(),
+            command: "hostile".into(),
+            binary: "hostile".into(),
+            runtime,
+            layout,
+            ns_pid: None,
+            identity: Arc::new(crate::identity::ProcessLabels::from_command(
+                std::process::id(),
+                "3.x",
+                "hostile",
+            )),
+            frame_pointers: None,
+        }
+    }
+}

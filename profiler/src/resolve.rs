@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use profiler_common::{FrameRecord, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
 
+use crate::awaiters::{self, AsyncStats, Awaiters};
 use crate::complete::{Completer, CompletionStats};
 use crate::decode::{NativeCapture, SampleRecord};
 use crate::discovery::PythonProcess;
@@ -39,8 +40,12 @@ pub enum Mixed {
         function: Arc<str>,
         module: Arc<str>,
     },
-    /// Where native frames are missing (see `native::merge`).
+    /// Where native frames are missing (see `native::merge`), or where an awaiter chain
+    /// was cut (`--async`, see `awaiters`).
     Marker(&'static str),
+    /// `--async`: the asyncio task whose coroutine runs the frames leafward of it; its
+    /// awaiter's frames follow rootward.
+    Task(Arc<str>),
 }
 
 /// A decoded, symbolized sample. `frames` are leaf first.
@@ -54,7 +59,9 @@ pub struct Resolved<'a> {
     pub time_ns: Option<u64>,
     pub frames: &'a [PyFrame],
     /// With `--native`: the Python frames (by index into `frames`, in their order) merged
-    /// with the native ones.
+    /// with the native ones. With `--async`, for a sample taken while an asyncio task ran:
+    /// the stack down to the task's coroutine, then `Mixed::Task` frames and the awaiters'
+    /// coroutine frames (appended to `frames`) down to the root task.
     pub mixed: Option<&'a [Mixed]>,
     /// The stack is deeper than what could be recovered; `frames` are its top part.
     pub truncated: bool,
@@ -105,6 +112,12 @@ pub struct Resolver {
     groups: Vec<Group>,
     pieces: Vec<Piece>,
     roles: Vec<NativeIn>,
+    /// Address of each of `frames`' interpreter frames.
+    frame_addrs: Vec<u64>,
+    /// `--async`: task chains, and the scratch of a rewrite.
+    awaiters: Option<Awaiters>,
+    spliced: Vec<Mixed>,
+    task_ranges: Vec<(Arc<str>, std::ops::Range<usize>)>,
     pub stats: SessionStats,
 }
 
@@ -135,10 +148,13 @@ impl Resolver {
             self.stats.shim_only += 1;
             return None;
         }
-        let mixed = match self.native.is_some() {
+        let mut mixed = match self.native.is_some() {
             true => self.merge_native(record, process),
             false => false,
         };
+        if header.running_task != 0 && self.awaiters.is_some() {
+            mixed |= self.rewrite_async(header.pid, header.running_task, process, mixed);
+        }
         let resolved = Resolved {
             pid: header.pid,
             tid: header.tid,
@@ -191,6 +207,89 @@ impl Resolver {
         if let Some(native) = self.native.as_mut() {
             native.forget(pid);
         }
+        if let Some(aw) = self.awaiters.as_mut() {
+            aw.forget(pid);
+        }
+    }
+
+    /// Rewrites kernel samples taken while an asyncio task ran with `<task …>` frames and
+    /// their awaiter chains from now on (see `crate::awaiters`).
+    pub fn enable_async(&mut self) {
+        self.awaiters.get_or_insert_with(Awaiters::default);
+    }
+
+    /// The async view's per-process state and counters (`--async`).
+    pub fn awaiters(&mut self) -> Option<&mut Awaiters> {
+        self.awaiters.as_mut()
+    }
+
+    pub fn async_stats(&self) -> Option<AsyncStats> {
+        self.awaiters.as_ref().map(|a| a.stats)
+    }
+
+    /// Fills `self.mixed` with the async stack of a sample whose running task is `running`
+    /// (see `crate::awaiters`); false, stack untouched, when it cannot be had.
+    fn rewrite_async(
+        &mut self,
+        pid: u32,
+        running: u64,
+        process: &PythonProcess,
+        has_mixed: bool,
+    ) -> bool {
+        let Some(aw) = self.awaiters.as_mut() else {
+            return false;
+        };
+        let Some(a) = aw.layout(pid).copied() else {
+            return false;
+        };
+        aw.stats.task_samples += 1;
+        let Some(chain) = aw.chain(pid, &process.layout, &a, running) else {
+            return false;
+        };
+        let target = a.coro_frame(chain.tasks[0].0.coro);
+        let found = self.frame_addrs.iter().position(|&f| f == target);
+        let in_mixed = |k: usize| {
+            !has_mixed
+                || self
+                    .mixed
+                    .iter()
+                    .any(|m| matches!(m, Mixed::Python(i) if *i == k))
+        };
+        let Some(k) = found.filter(|&k| in_mixed(k)) else {
+            aw.stats.frame_not_found += 1;
+            return false;
+        };
+        if !has_mixed {
+            self.mixed.clear();
+            self.mixed.extend((0..self.frames.len()).map(Mixed::Python));
+        }
+        self.frames.truncate(k + 1);
+        self.frame_addrs.truncate(k + 1);
+        self.task_ranges.clear();
+        for (i, (task, name)) in chain.tasks.iter().enumerate() {
+            let start = self.frames.len();
+            if i > 0 {
+                self.symbolize_more(pid, &process.layout, task.coro_frames.iter().copied());
+            }
+            self.task_ranges
+                .push((name.clone(), start..self.frames.len()));
+        }
+        if awaiters::splice(
+            &self.mixed,
+            k,
+            &self.task_ranges,
+            chain.cut,
+            &mut self.spliced,
+        )
+        .is_none()
+        {
+            return false;
+        }
+        std::mem::swap(&mut self.mixed, &mut self.spliced);
+        if let Some(aw) = self.awaiters.as_mut() {
+            aw.stats.rewritten += 1;
+        }
+        true
     }
 
     /// Unwinds, symbolizes and merges the native part of kernel samples from now on.
@@ -326,6 +425,17 @@ impl Resolver {
         records: impl Iterator<Item = FrameRecord>,
     ) {
         self.frames.clear();
+        self.frame_addrs.clear();
+        self.symbolize_more(pid, layout, records);
+    }
+
+    /// [`Resolver::symbolize`], appending to `self.frames`.
+    fn symbolize_more(
+        &mut self,
+        pid: u32,
+        layout: &PyLayout,
+        records: impl Iterator<Item = FrameRecord>,
+    ) {
         // Deep stacks are mostly recursion: a frame running the code object of the frame
         // before it takes that frame's symbol without another cache lookup.
         let mut last: Option<(u64, u64, Option<Arc<CodeInfo>>)> = None;
@@ -355,6 +465,7 @@ impl Resolver {
                 code_addr: rec.code,
                 tag: rec.tag,
             });
+            self.frame_addrs.push(rec.frame);
         }
     }
 }

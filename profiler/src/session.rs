@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use profiler_common::LAYOUT_GIL_MASK;
 
+use crate::awaiters::{self, AsyncStats, ProcessAsync};
 use crate::bpf::{DebugBpf, KernelStats, MapSizes, Sampler, DEFAULT_STACK_COPY};
 use crate::complete::CompletionStats;
 use crate::discovery::{self, DiscoveryError, PythonProcess};
@@ -24,6 +25,7 @@ use crate::idle::{IdleSampler, IdleStats};
 use crate::lifecycle::{Lifecycle, LifecycleStats, Registrar};
 use crate::native::NativeOptions;
 use crate::procfs;
+use crate::python::asyncio::{self, AsyncError};
 use crate::registry::Registry;
 use crate::resolve::Resolver;
 
@@ -48,6 +50,8 @@ pub struct Session {
     gil: bool,
     /// Off-CPU sampling from the thread lists (`--idle`).
     idle: Option<IdleSampler>,
+    /// `<task …>` frames for asyncio programs (`--async`).
+    async_tasks: bool,
     /// When `/proc` was last checked for watched processes that are gone, and the kernel's
     /// count of lost exec/exit events then.
     last_sweep: Instant,
@@ -98,6 +102,7 @@ impl Session {
             lifecycle: Lifecycle::default(),
             gil: false,
             idle: None,
+            async_tasks: false,
             last_sweep: Instant::now(),
             not_python: Default::default(),
             sweep_drops: 0,
@@ -114,6 +119,94 @@ impl Session {
     /// locates the GIL).
     pub fn gil_known(proc: &PythonProcess) -> bool {
         proc.layout.kernel.flags & LAYOUT_GIL_MASK != 0
+    }
+
+    /// Have the kernel record each sample's running asyncio task and rewrite those samples
+    /// with `<task …>` frames and awaiter chains (`--async`), for processes added from now on.
+    pub fn enable_async(&mut self) {
+        self.async_tasks = true;
+        self.resolver.enable_async();
+    }
+
+    /// `--async` counters.
+    pub fn async_stats(&self) -> Option<AsyncStats> {
+        self.resolver.async_stats()
+    }
+
+    /// `--async`: finds `proc`'s task layout and records it; the offset of the running task in
+    /// its thread states for the kernel (0: none, yet or at all). Says once per process why
+    /// there is none when that is final.
+    fn async_offset(&mut self, proc: &PythonProcess) -> u32 {
+        if !self.async_tasks {
+            return 0;
+        }
+        let Some(aw) = self.resolver.awaiters() else {
+            return 0;
+        };
+        let pid = proc.pid;
+        match asyncio::locate(proc) {
+            Ok((layout, found)) => {
+                log::info!("pid {pid}: asyncio task layout from {found:?}");
+                aw.set(pid, ProcessAsync::Ready(layout));
+                layout.offsets.thread_running_task as u32
+            }
+            Err(e) if awaiters::retry_later(&e) => {
+                log::info!("pid {pid}: {e}; looking again every second");
+                aw.set(
+                    pid,
+                    ProcessAsync::Pending {
+                        next_try: Instant::now() + awaiters::RETRY_INTERVAL,
+                    },
+                );
+                0
+            }
+            Err(e) => {
+                if matches!(e, AsyncError::Unsupported { .. }) {
+                    aw.stats.processes_unsupported += 1;
+                }
+                if aw.first_warning(pid) {
+                    let why = match &e {
+                        AsyncError::Unsupported { .. } => "--async needs CPython 3.14+ (earlier \
+                                                          versions publish no asyncio task \
+                                                          layout)"
+                            .to_string(),
+                        other => format!("no --async view: {other}"),
+                    };
+                    eprintln!(
+                        "pyebpf: pid {pid} ({}, CPython {}): {why}; its samples are taken \
+                         without task frames",
+                        proc.command, proc.layout.version
+                    );
+                }
+                aw.set(pid, ProcessAsync::Off);
+                0
+            }
+        }
+    }
+
+    /// `--async`: looks again for the task layout of processes whose `_asyncio` module was
+    /// not found when they were registered, and empties the task cache (chains change).
+    fn async_housekeeping(&mut self) {
+        let Some(aw) = self.resolver.awaiters() else {
+            return;
+        };
+        aw.expire();
+        let due = aw.due(Instant::now());
+        for pid in due {
+            let Some(proc) = self.registry.get(pid) else {
+                continue;
+            };
+            let Ok((layout, found)) = asyncio::locate(proc) else {
+                continue;
+            };
+            let offset = layout.offsets.thread_running_task as u32;
+            if self.sampler.set_running_task_offset(pid, offset) {
+                log::info!("pid {pid}: asyncio task layout from {found:?} (found late)");
+                if let Some(aw) = self.resolver.awaiters() {
+                    aw.set(pid, ProcessAsync::Ready(layout));
+                }
+            }
+        }
     }
 
     /// Also sample off-CPU threads from the interpreters' thread lists (see `crate::idle`);
@@ -157,6 +250,7 @@ impl Session {
         // A process that has run for a while has loaded its code: its samples can wait for
         // the drain timer (code new to the sampler still wakes userspace at once).
         let young = procfs::age(pid).is_none_or(|age| age < YOUNG_PROCESS);
+        let running_task_offset = self.async_offset(&proc);
         self.sampler
             .register(
                 pid,
@@ -164,6 +258,7 @@ impl Session {
                 &kernel,
                 young,
                 NativeOptions::mode(self.native, proc.frame_pointers),
+                running_task_offset,
             )
             .map_err(|cause| DiscoveryError::Other {
                 pid,
@@ -220,6 +315,7 @@ impl Session {
     /// an exit event (one was lost). Also hands on what the BPF programs logged.
     pub fn reap(&mut self) {
         self.flush_bpf_logs();
+        self.async_housekeeping();
         for pid in self.registry.take_exited() {
             self.resolver.forget_process(pid);
             if let Some(idle) = self.idle.as_mut() {

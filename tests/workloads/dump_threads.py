@@ -19,7 +19,7 @@ def name_thread(name):
 
 def spin(rounds, label):
     count = 0
-    while True:
+    while True:  # LINE:spin_loop
         count = (count * 31 + rounds) % 1000003  # LINE:spin
 
 

@@ -30,6 +30,9 @@ pub enum FrameKind {
     Python,
     /// A native function (`--native`): `file` is its module (`libz.so.1`).
     Native,
+    /// `<task NAME>` (`--async`): the asyncio task running the frames above it, awaited by
+    /// the task below.
+    Task,
     /// The rest of a stack that could not be completed or validated, or (the
     /// [`OVER_LIMIT`] frame) samples past a profile's stack limit.
     Truncated,
@@ -79,9 +82,17 @@ impl Frame {
     pub fn label(&self) -> String {
         match (&self.file, self.kind) {
             (Some(module), FrameKind::Native) => format!("{} ({module})", self.name),
-            (Some(file), _) => format!("{} ({}:{})", self.name, file, self.line),
-            (None, _) => self.name.to_string(),
+            (file, _) => python_label(&self.name, file.as_deref(), self.line),
         }
+    }
+}
+
+/// `function (file:line)`, or the bare name without a file: how a Python frame reads in every
+/// output and in `top`.
+pub fn python_label(name: &str, file: Option<&str>, line: u32) -> String {
+    match file {
+        Some(file) => format!("{name} ({file}:{line})"),
+        None => name.to_string(),
     }
 }
 

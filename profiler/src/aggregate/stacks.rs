@@ -227,6 +227,9 @@ impl Aggregator {
                 Mixed::Marker(text) => self
                     .profile
                     .intern(Frame::marker(FrameKind::Truncated, *text)),
+                Mixed::Task(name) => self
+                    .profile
+                    .intern(Frame::marker(FrameKind::Task, format!("<task {name}>"))),
             };
             last = None;
             stack.push(id);

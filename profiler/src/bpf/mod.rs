@@ -211,6 +211,7 @@ impl Sampler {
         offsets: &PyOffsets,
         young: bool,
         native: u32,
+        running_task_offset: u32,
     ) -> Result<()> {
         let layout = self.layout_id(offsets)?;
         let (pidns_dev, pidns_ino) = foreign_pid_namespace(pid).unwrap_or((0, 0));
@@ -225,7 +226,7 @@ impl Sampler {
             pidns_dev,
             pidns_ino,
             native,
-            _pad0: 0,
+            running_task_offset,
         };
         self.procs
             .insert(pid, info, 0)
@@ -238,6 +239,16 @@ impl Sampler {
         if let Some(logger) = self.logger.as_mut() {
             logger.flush();
         }
+    }
+
+    /// Sets `pid`'s `ProcInfo::running_task_offset` (`--async`: the offset was found after
+    /// the process was registered). False when the process is not registered.
+    pub fn set_running_task_offset(&mut self, pid: u32, offset: u32) -> bool {
+        let Ok(mut info) = self.procs.get(&pid, 0) else {
+            return false;
+        };
+        info.running_task_offset = offset;
+        self.procs.insert(pid, info, 0).is_ok()
     }
 
     pub fn unregister(&mut self, pid: u32) {

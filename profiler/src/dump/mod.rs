@@ -2,7 +2,8 @@
 //!
 //! The Python part needs no BPF: thread lists and stacks are read from outside
 //! (`snapshot`). `--native` adds a short sampling window on the one driver (`native`), the
-//! only way to see a thread's native frames without stopping it.
+//! only way to see a thread's native frames without stopping it. `--async` adds the asyncio
+//! task tree (`tasks`).
 
 use std::time::{Duration, Instant};
 
@@ -11,10 +12,12 @@ use anyhow::Result;
 use crate::cli::DumpArgs;
 use crate::discovery::{inspect_requested, PythonProcess};
 use crate::elf::ElfCache;
+use crate::python::asyncio::AsyncError;
 use crate::symbolize::Symbolizer;
 
 pub mod native;
 pub mod snapshot;
+pub mod tasks;
 mod text;
 
 use snapshot::ProcessDump;
@@ -47,6 +50,24 @@ pub fn run(args: DumpArgs) -> Result<i32> {
                 if let Some(sampled) = &sampled {
                     for t in &mut dump.threads {
                         t.native = Some(native::for_thread(sampled, proc.pid, t.tid, at, window));
+                    }
+                }
+                if args.asyncio {
+                    match tasks::tasks(proc, &mut symbols, args.locals) {
+                        Ok(tasks) => dump.tasks = Some(tasks),
+                        Err(e) => {
+                            let why = match e {
+                                AsyncError::Unsupported { .. } => "--async needs CPython 3.14+ \
+                                    (earlier versions publish no asyncio task layout)"
+                                    .to_string(),
+                                other => format!("no task tree: {other}"),
+                            };
+                            eprintln!(
+                                "pyebpf: pid {} ({}, CPython {}): {why}; its threads are shown \
+                                 without the task tree",
+                                proc.pid, proc.command, proc.layout.version
+                            );
+                        }
                     }
                 }
                 dumps.push(dump);

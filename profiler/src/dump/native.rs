@@ -88,6 +88,12 @@ impl Sink for LastStacks {
                         file: Some(module.to_string()),
                         line: None,
                     }),
+                    crate::resolve::Mixed::Task(name) => Some(MixedFrame {
+                        kind: "task",
+                        function: format!("<task {name}>"),
+                        file: None,
+                        line: None,
+                    }),
                     crate::resolve::Mixed::Marker(text) => Some(MixedFrame {
                         kind: "marker",
                         function: text.to_string(),
@@ -125,6 +131,7 @@ pub fn sample_window(pids: &[u32], window: Duration, native: NativeOptions) -> R
         drain_interval: window.min(driver::DRAIN_INTERVAL),
         first_look: Duration::ZERO,
         native: Some(native),
+        async_tasks: false,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -32,6 +32,9 @@ pub struct ProcessDump {
     pub python_version: String,
     pub binary: String,
     pub threads: Vec<ThreadDump>,
+    /// `--async`: every asyncio task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<super::tasks::TaskDump>>,
 }
 
 /// Whether a thread was running when it was looked at.
@@ -149,6 +152,7 @@ pub fn snapshot(
         python_version: proc.layout.version.to_string(),
         binary: proc.binary.clone(),
         threads,
+        tasks: None,
     })
 }
 
@@ -183,7 +187,7 @@ fn stack(
     Ok((frames, truncated, false))
 }
 
-fn frame(
+pub(super) fn frame(
     mem: &ProcessMemory,
     proc: &PythonProcess,
     symbols: &mut Symbolizer,

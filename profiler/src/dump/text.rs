@@ -22,6 +22,10 @@ pub fn render(dumps: &[ProcessDump]) -> String {
             out.push('\n');
             thread(&mut out, t);
         }
+        if let Some(tasks) = &p.tasks {
+            let _ = writeln!(out, "\nTasks (asyncio): {}", tasks.len());
+            super::tasks::render(&mut out, tasks);
+        }
     }
     out
 }
@@ -133,6 +137,7 @@ mod tests {
                 error: None,
                 native: Some(NativeDump::Unavailable("off-CPU".into())),
             }],
+            tasks: None,
         };
         assert_eq!(
             render(&[dump]),

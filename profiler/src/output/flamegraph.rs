@@ -32,6 +32,12 @@ pub const NATIVE_COLOR: Color = Color {
     g: 160,
     b: 220,
 };
+/// Fill color of `<task NAME>` frames (`--async`).
+pub const TASK_COLOR: Color = Color {
+    r: 120,
+    g: 200,
+    b: 140,
+};
 /// Fill color of truncated frames.
 pub const TRUNCATED_COLOR: Color = Color {
     r: 175,
@@ -45,6 +51,7 @@ fn fixed_color(kind: FrameKind) -> Option<Color> {
         FrameKind::Thread => Some(THREAD_COLOR),
         FrameKind::Truncated => Some(TRUNCATED_COLOR),
         FrameKind::Native => Some(NATIVE_COLOR),
+        FrameKind::Task => Some(TASK_COLOR),
         FrameKind::Python => None,
     }
 }

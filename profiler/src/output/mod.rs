@@ -192,6 +192,45 @@ mod tests {
         }
     }
 
+    /// `--async`'s `<task NAME>` frames reach every format by name: escaped in the SVG, as
+    /// is in collapsed and speedscope, a function of their own in pprof.
+    #[test]
+    fn task_frames_in_every_format() {
+        use crate::aggregate::{FrameKind, Profile};
+        use std::io::Read;
+        let mut p = Profile::default();
+        let root = p.intern(test_support::frame(FrameKind::Task, "<task main>"));
+        let main = p.intern(test_support::py("main", "app.py", 4));
+        let leaf = p.intern(test_support::frame(FrameKind::Task, "<task alpha>"));
+        let alpha = p.intern(test_support::py("alpha", "app.py", 9));
+        p.add(&[root, main, leaf, alpha], 5);
+        let text = |format| {
+            let mut out = Vec::new();
+            write(&p, format, "t", &mut out).unwrap();
+            out
+        };
+        let svg = String::from_utf8(text(Format::Flamegraph)).unwrap();
+        assert!(svg.contains("&lt;task alpha&gt;"));
+        assert!(svg.contains(&format!(
+            "fill=\"rgb({},{},{})\"",
+            flamegraph::TASK_COLOR.r,
+            flamegraph::TASK_COLOR.g,
+            flamegraph::TASK_COLOR.b
+        )));
+        let collapsed = String::from_utf8(text(Format::Collapsed)).unwrap();
+        assert_eq!(
+            collapsed,
+            "<task main>;main (app.py:4);<task alpha>;alpha (app.py:9) 5\n"
+        );
+        let speedscope = String::from_utf8(text(Format::Speedscope)).unwrap();
+        assert!(speedscope.contains("\"<task alpha>\""));
+        let mut pprof = Vec::new();
+        flate2::read::GzDecoder::new(&text(Format::Pprof)[..])
+            .read_to_end(&mut pprof)
+            .unwrap();
+        assert!(pprof.windows(12).any(|w| w == b"<task alpha>"));
+    }
+
     #[test]
     fn write_dispatches() {
         let profile = test_support::single();

@@ -215,3 +215,39 @@ pub fn read_bytes_prefix(
     let data = mem.read_vec(addr.wrapping_add(start as u64), end - start)?;
     Ok((data, size))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::test_support::{layouts, Arena};
+
+    #[test]
+    fn code_object_readers_survive_hostile_memory() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mem = ProcessMemory::new(std::process::id());
+        let mut arena = Arena::new();
+        let (mut tags, mut tries) = (0, 0);
+        for layout in layouts() {
+            for _ in 0..400 {
+                arena.scramble(&mut rng);
+                for _ in 0..20 {
+                    tries += 1;
+                    let code = arena.word(&mut rng);
+                    if let Ok(tag) = read_tag(&mem, &layout, code) {
+                        tags += 1;
+                        if let Ok(info) = read_code(&mem, &layout, code, tag) {
+                            info.line_at_instr(&layout, code, arena.word(&mut rng));
+                        }
+                    }
+                    let _ = read_str(&mem, &layout, arena.word(&mut rng));
+                    let _ = read_bytes(&mem, &layout, arena.word(&mut rng));
+                }
+            }
+        }
+        // Most tags come from readable arena memory: the readers really ran on hostile bytes.
+        assert!(
+            tags * 4 > tries,
+            "only {tags} of {tries} tag reads succeeded"
+        );
+    }
+}

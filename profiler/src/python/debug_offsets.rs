@@ -13,8 +13,8 @@
 use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, ObjectLayout, PyLayout, PyVersion,
-    ThreadLayout, UnicodeLayout,
+    BytesLayout, ChunkLayout, CodeLayout, CoroutineLayout, LayoutSource, ObjectLayout, PyLayout,
+    PyVersion, ThreadLayout, UnicodeLayout,
 };
 use super::tables::{code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, STACK_CHUNK};
 
@@ -70,6 +70,10 @@ struct Facts {
     chunk: ChunkLayout,
     /// `PyCellObject.ob_ref` (not in the struct).
     cell_ref: u16,
+    /// `FRAME_SUSPENDED_YIELD_FROM` (see [`CoroutineLayout::suspended_yield_from`]).
+    suspended_yield_from: i8,
+    /// See [`CoroutineLayout::yield_from_slot`].
+    yield_from_slot: u8,
 }
 
 /// One known `_Py_DebugOffsets` shape.
@@ -384,6 +388,8 @@ const FACTS_313: Facts = Facts {
     ascii_bit: 6,
     chunk: STACK_CHUNK,
     cell_ref: 16,
+    suspended_yield_from: -1,
+    yield_from_slot: 1,
 };
 /// 3.14: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, INTERPRETER=3 (entry frames), CSTACK=4.
 /// `f_executable` is a `_PyStackRef`: `Py_TAG_BITS` = 3 (`Py_TAG_REFCNT` = 1, `Py_INT_TAG` = 3).
@@ -394,11 +400,16 @@ const FACTS_314: Facts = Facts {
     ..FACTS_313
 };
 /// 3.15: FRAME_OWNED_BY_CSTACK is gone; INTERPRETER=3 marks entry frames and the thread's base
-/// frame. `Py_TAG_BITS` is still 3.
+/// frame. `Py_TAG_BITS` is still 3. `enum _framestate` was renumbered from 0
+/// (CREATED, SUSPENDED, SUSPENDED_YIELD_FROM = 2, SUSPENDED_YIELD_FROM_LOCKED, EXECUTING, CLEARED),
+/// and a frame suspended in `yield from` keeps the awaited object at `stackpointer[-2]`
+/// (measured on sid's 3.15.2: `stackpointer[-1]` is not the awaited coroutine there).
 const FACTS_315: Facts = Facts {
     skip_owner_mask: 1 << 3,
     entry_owner_mask: 1 << 3,
     executable_mask: !0b11,
+    suspended_yield_from: 2,
+    yield_from_slot: 2,
     ..FACTS_313
 };
 
@@ -728,6 +739,46 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
             long_tagged: true,
             cell_ref: facts.cell_ref,
         },
+        coroutines: coroutines(v, facts),
+    })
+}
+
+/// The async view's fields, when this version's struct has them all and they fit their
+/// structs (else `None`: the async view is off, sampling is not affected).
+fn coroutines(v: &Values, facts: &Facts) -> Option<CoroutineLayout> {
+    v.check_inside(
+        "gen_object",
+        &[("gi_iframe", 8), ("gi_frame_state", 1)],
+        None,
+    )
+    .ok()?;
+    v.check_inside(
+        "set_object",
+        &[("used", 8), ("table", 8), ("mask", 8)],
+        None,
+    )
+    .ok()?;
+    v.check_inside("interpreter_frame", &[("stackpointer", 8)], None)
+        .ok()?;
+    // `llist_node` has no size: {next, prev}, two pointers.
+    if v.get("llist_node", "next").ok()? > 8 {
+        return None;
+    }
+    v.check_inside("long_object", &[("lv_tag", 8), ("ob_digit", 4)], None)
+        .ok()?;
+    let at = |s, f| v.offset(s, f).ok();
+    Some(CoroutineLayout {
+        gi_iframe: at("gen_object", "gi_iframe")?,
+        gi_frame_state: at("gen_object", "gi_frame_state")?,
+        suspended_yield_from: facts.suspended_yield_from,
+        stackpointer: at("interpreter_frame", "stackpointer")?,
+        yield_from_slot: facts.yield_from_slot,
+        set_used: at("set_object", "used")?,
+        set_table: at("set_object", "table")?,
+        set_mask: at("set_object", "mask")?,
+        llist_next: at("llist_node", "next")?,
+        long_tag: at("long_object", "lv_tag")?,
+        long_digit: at("long_object", "ob_digit")?,
     })
 }
 
@@ -905,6 +956,16 @@ mod tests {
             parse(&bytes),
             Err(DebugOffsetsError::Implausible { .. })
         ));
+    }
+
+    #[test]
+    fn async_objects_come_from_314_on() {
+        assert_eq!(parse(&real(SID_3_13_18)).unwrap().coroutines, None);
+        let o = parse(&real(SID_3_14_10)).unwrap().coroutines.unwrap();
+        assert_eq!((o.suspended_yield_from, o.yield_from_slot), (-1, 1));
+        assert!(o.gi_iframe > o.gi_frame_state && o.stackpointer > 0);
+        let o = parse(&real(SID_3_15_2)).unwrap().coroutines.unwrap();
+        assert_eq!((o.suspended_yield_from, o.yield_from_slot), (2, 2));
     }
 
     #[test]

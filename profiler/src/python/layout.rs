@@ -126,6 +126,35 @@ pub struct ObjectLayout {
     pub cell_ref: u16,
 }
 
+/// Coroutine, set, linked-list and int fields the async view (`--async`, `dump --async`)
+/// reads, from `_Py_DebugOffsets` (3.14+). Builds whose struct lacks them (3.13) and the
+/// built-in 3.11/3.12 tables have none: [`PyLayout::coroutines`] is `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoroutineLayout {
+    /// `PyGenObject.gi_iframe`: the coroutine's embedded `_PyInterpreterFrame`.
+    pub gi_iframe: u16,
+    /// `PyGenObject.gi_frame_state` (an `int8_t`).
+    pub gi_frame_state: u16,
+    /// `FRAME_SUSPENDED_YIELD_FROM` of `enum _framestate`: the frame waits in a `yield from` /
+    /// `await` on the object on top of its value stack (-1 in 3.14, 2 in 3.15).
+    pub suspended_yield_from: i8,
+    /// `_PyInterpreterFrame.stackpointer`.
+    pub stackpointer: u16,
+    /// `_PyStackRef` slots below `stackpointer` where a suspended `yield from` keeps the
+    /// awaited object: 1 in 3.14 (`_PyFrame_StackPeek`), 2 in 3.15.
+    pub yield_from_slot: u8,
+    /// `PySetObject.used`, `.table` (`setentry *`: key, hash) and `.mask`.
+    pub set_used: u16,
+    pub set_table: u16,
+    pub set_mask: u16,
+    /// `struct llist_node.next`.
+    pub llist_next: u16,
+    /// `PyLongObject.long_value.lv_tag` and `.ob_digit`: a compact int's digit count is
+    /// `lv_tag >> 3`, its sign `lv_tag & 3`, 30-bit digits.
+    pub long_tag: u16,
+    pub long_digit: u16,
+}
+
 /// Where a [`PyLayout`] came from: shown by `pyebpf check`, so that a wrong layout can be
 /// traced to its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -168,4 +197,6 @@ pub struct PyLayout {
     /// `sizeof(_PyInterpreterFrame)` up to `localsplus`: the fixed part of a frame.
     pub frame_localsplus: u16,
     pub objects: ObjectLayout,
+    /// What the async view reads; `None` where the layout does not say (before 3.14).
+    pub coroutines: Option<CoroutineLayout>,
 }

@@ -1,5 +1,6 @@
 //! Facts about CPython: layouts per version, and decoding of its objects.
 
+pub mod asyncio;
 pub mod code;
 pub mod debug_offsets;
 pub mod layout;

@@ -170,6 +170,7 @@ fn layout_311(version: PyVersion) -> PyLayout {
         tp_name: 24,
         frame_localsplus: 72,
         objects: OBJECTS_311,
+        coroutines: None,
     }
 }
 
@@ -261,6 +262,7 @@ fn layout_312(version: PyVersion) -> PyLayout {
         tp_name: 24,
         frame_localsplus: 72,
         objects: OBJECTS_312,
+        coroutines: None,
     }
 }
 

@@ -19,7 +19,7 @@ use crate::aggregate::Profile;
 use stats::{stats_json, MapReport};
 
 pub fn run(mut args: RecordArgs) -> Result<i32> {
-    crate::check::preflight(&args.pids)?;
+    crate::check::preflight(&args.targets.pids)?;
     // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
     let output = args
         .output
@@ -81,8 +81,8 @@ impl Sink for Recorder {
 async fn record(args: RecordArgs) -> Result<i32> {
     let scope = if !args.command.is_empty() {
         Scope::Command(args.command.clone())
-    } else if !args.pids.is_empty() {
-        Scope::Pids(args.pids.clone())
+    } else if !args.targets.pids.is_empty() {
+        Scope::Pids(args.targets.pids.clone())
     } else {
         Scope::Host
     };
@@ -93,7 +93,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     };
     let options = Options {
         scope,
-        rate_hz: args.rate,
+        rate_hz: args.targets.rate,
         debug: args.debug.bits(),
         gil: args.gil,
         idle: args.idle,
@@ -103,6 +103,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: args.native.options(),
+        async_tasks: args.async_tasks,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
@@ -184,7 +185,7 @@ fn finish(
     profile.timing = crate::aggregate::Timing {
         start_unix_ns: start.map_or(0, |t| t.as_nanos() as u64),
         duration_ns: elapsed.as_nanos() as u64,
-        period_ns: 1_000_000_000 / args.rate.max(1),
+        period_ns: 1_000_000_000 / args.targets.rate.max(1),
     };
     let st = session.stats();
     let kernel = session.kernel_stats();
@@ -221,6 +222,27 @@ fn finish(
             kernel.native_stack_copies,
             kernel.native_fp_fallbacks,
             n.unwind_failures,
+        );
+    }
+    if let Some(a) = session.async_stats() {
+        let pct = |x: u64| 100.0 * x as f64 / a.task_samples.max(1) as f64;
+        eprintln!(
+            "pyebpf: async: {} of {} processes with task frames; {} samples ran a task: {:.1}% \
+             rewritten with <task> frames, {:.1}% kept (coroutine frame not in the stack), \
+             {:.1}% kept (task unreadable); chains cut: {} too deep, {} cycles; {} task reads, \
+             {} cache evictions",
+            a.processes,
+            a.processes + a.processes_unsupported + a.processes_pending,
+            a.task_samples,
+            pct(a.rewritten),
+            pct(a.frame_not_found),
+            pct(a
+                .task_samples
+                .saturating_sub(a.rewritten + a.frame_not_found)),
+            a.truncated_depth,
+            a.truncated_cycle,
+            a.cache_misses,
+            a.cache_evictions,
         );
     }
     let c = session.completion_stats();

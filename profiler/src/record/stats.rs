@@ -33,6 +33,9 @@ struct StatsReport {
     idle: Option<crate::idle::IdleStats>,
     /// Unwinding and native symbolization (`--native` only).
     native: Option<crate::native::NativeStats>,
+    /// asyncio task chains (`--async` only).
+    #[serde(rename = "async")]
+    async_tasks: Option<crate::awaiters::AsyncStats>,
     /// Kernel map and userspace cache sizes over the recording.
     maps: serde_json::Value,
 }
@@ -113,6 +116,7 @@ pub(super) fn stats_json(session: &Session, elapsed: Duration, maps: &MapReport)
         lifecycle: session.lifecycle_stats(),
         idle: session.idle_stats(),
         native: session.native_stats(),
+        async_tasks: session.async_stats(),
         maps: serde_json::to_value(maps)?,
     };
     serde_json::to_string_pretty(&report).context("encoding the stats")

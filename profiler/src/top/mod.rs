@@ -94,7 +94,7 @@ pub fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
 }
 
 pub fn run(args: TopArgs) -> Result<i32> {
-    crate::check::preflight(&args.pids)?;
+    crate::check::preflight(&args.targets.pids)?;
     let interactive = std::io::stdout().is_terminal() && !args.once && args.iterations.is_none();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -274,14 +274,14 @@ impl Sink for Viewer {
 }
 
 async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
-    let scope = if args.pids.is_empty() {
+    let scope = if args.targets.pids.is_empty() {
         Scope::Host
     } else {
-        Scope::Pids(args.pids.clone())
+        Scope::Pids(args.targets.pids.clone())
     };
     let options = Options {
         scope,
-        rate_hz: args.rate,
+        rate_hz: args.targets.rate,
         debug: args.debug.bits(),
         gil: false,
         idle: false,
@@ -292,6 +292,7 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: None,
+        async_tasks: false,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {
@@ -304,7 +305,11 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
     // The terminal goes into raw mode after the programs loaded (their errors print plainly);
     // the driver catches SIGTERM and SIGHUP, so dropping `Live` always restores it.
     let output = if interactive {
-        Output::Live(Box::new(render::Live::start(opts, delay, args.rate)?))
+        Output::Live(Box::new(render::Live::start(
+            opts,
+            delay,
+            args.targets.rate,
+        )?))
     } else {
         let limit = if args.once { Some(1) } else { args.iterations };
         Output::Text { opts, limit }
@@ -314,9 +319,9 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
     let mut viewer = Viewer {
         counter: Counter::default(),
         output,
-        host: args.pids.is_empty(),
-        pids: args.pids.clone(),
-        rate_hz: args.rate,
+        host: args.targets.pids.is_empty(),
+        pids: args.targets.pids.clone(),
+        rate_hz: args.targets.rate,
         started: now,
         window_started: now,
         last_samples: session.stats().samples,

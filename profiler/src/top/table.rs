@@ -64,11 +64,8 @@ pub struct RowKey {
 impl RowKey {
     /// `function (file:line)`, or the bare function name when the file is unknown.
     pub fn label(&self) -> String {
-        if self.file.is_empty() {
-            self.function.to_string()
-        } else {
-            format!("{} ({}:{})", self.function, self.file, self.line)
-        }
+        let file = (!self.file.is_empty()).then_some(&*self.file);
+        crate::aggregate::python_label(&self.function, file, self.line)
     }
 }
 
