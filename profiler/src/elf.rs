@@ -161,7 +161,10 @@ mod tests {
         let elf = parse_bytes(seed).unwrap().expect("a CPython runtime");
         assert_eq!(elf.runtime_vaddr, 0xc4_08a0);
         assert_eq!((elf.version_hex, elf.frame_pointers), (None, None));
-        assert!(parse_bytes(&seed[..40]).is_err(), "a cut header is an error");
+        assert!(
+            parse_bytes(&seed[..40]).is_err(),
+            "a cut header is an error"
+        );
     }
 
     #[test]

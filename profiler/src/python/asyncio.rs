@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use object::elf::{FileHeader64, SHT_NOBITS};
 use object::read::elf::{FileHeader as _, SectionHeader as _};
-use object::{Endianness, ReadCache, ReadRef as _};
+use object::{Endianness, ReadCache, ReadRef};
 use profiler_common::{FrameRecord, MAX_INTERPRETERS, MAX_THREAD_WALK};
 
 use super::code::{read_str, read_tag};
@@ -322,23 +322,32 @@ pub fn section_bytes(path: &Path) -> Result<Option<Vec<u8>>, AsyncError> {
         what,
     };
     let file = std::fs::File::open(path).map_err(|e| elf_error(format!("opening: {e}")))?;
-    let data = ReadCache::new(file);
-    let data = &data;
-    let header = FileHeader64::<Endianness>::parse(data).map_err(|e| elf_error(e.to_string()))?;
-    let endian = header.endian().map_err(|e| elf_error(e.to_string()))?;
-    let sections = header
-        .sections(endian, data)
-        .map_err(|e| elf_error(e.to_string()))?;
+    section_data(&ReadCache::new(file)).map_err(elf_error)
+}
+
+/// [`section_bytes`] over a file already in memory (the fuzz targets feed it arbitrary bytes).
+pub fn section_bytes_in(data: &[u8]) -> Result<Option<Vec<u8>>, AsyncError> {
+    section_data(data).map_err(|what| AsyncError::Elf {
+        path: "(in memory)".into(),
+        what,
+    })
+}
+
+/// The one lookup behind [`section_bytes`] and [`section_bytes_in`]; errors are messages.
+fn section_data<'data, R: ReadRef<'data>>(data: R) -> Result<Option<Vec<u8>>, String> {
+    let header = FileHeader64::<Endianness>::parse(data).map_err(|e| e.to_string())?;
+    let endian = header.endian().map_err(|e| e.to_string())?;
+    let sections = header.sections(endian, data).map_err(|e| e.to_string())?;
     let Some((_, section)) = sections.section_by_name(endian, SECTION.as_bytes()) else {
         return Ok(None);
     };
     if section.sh_type(endian) == SHT_NOBITS {
-        return Err(elf_error(format!("{SECTION} has no contents")));
+        return Err(format!("{SECTION} has no contents"));
     }
     let len = section.sh_size(endian).min(4096);
     let bytes = data
         .read_bytes_at(section.sh_offset(endian), len)
-        .map_err(|_| elf_error(format!("{SECTION} ({len} bytes) is outside the file")))?;
+        .map_err(|_| format!("{SECTION} ({len} bytes) is outside the file"))?;
     Ok(Some(bytes.to_vec()))
 }
 
@@ -631,6 +640,20 @@ fn walk_list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn section_found_in_a_trimmed_real_module() {
+        // sid's `_asyncio` module of 3.14 cut to its headers and `.AsyncioDebug` by
+        // `cargo xtask fuzz --seeds` (seeds of the `asyncio` fuzz target).
+        let elf = include_bytes!("../../../fuzz/seeds/asyncio/sid-3.14-elf");
+        let section = section_bytes_in(elf).unwrap().expect(".AsyncioDebug");
+        assert_eq!(
+            section,
+            include_bytes!("../../../fuzz/seeds/asyncio/sid-3.14-section")
+        );
+        AsyncOffsets::parse(&section).expect("real offsets parse");
+        assert!(section_bytes_in(&elf[..100]).is_err());
+    }
 
     /// Measured in sid's 3.14.10 (`_asyncio.cpython-314-x86_64-linux-gnu.so`) and 3.15.2
     /// (in `/usr/bin/python3.15`).

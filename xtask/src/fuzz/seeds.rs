@@ -42,6 +42,8 @@ struct Interpreter {
     /// The ELF file holding `_PyRuntime`.
     elf: PathBuf,
     debug_offsets: bool,
+    /// The ELF file holding `.AsyncioDebug` (3.14+).
+    asyncio: Option<PathBuf>,
 }
 
 fn interpreters() -> Vec<Interpreter> {
@@ -62,6 +64,7 @@ fn interpreters() -> Vec<Interpreter> {
         command: vec!["/usr/bin/python3.11".into()],
         elf: "/usr/bin/python3.11".into(),
         debug_offsets: false,
+        asyncio: None,
     }];
     for (name, v, offsets) in [
         ("pyenv-3.11.7", "3.11.7", false),
@@ -74,6 +77,7 @@ fn interpreters() -> Vec<Interpreter> {
             command,
             elf,
             debug_offsets: offsets,
+            asyncio: None,
         });
     }
     for (name, minor) in [
@@ -90,6 +94,14 @@ fn interpreters() -> Vec<Interpreter> {
             ],
             elf: sid.join(format!("usr/bin/python{minor}")),
             debug_offsets: true,
+            // Built into sid's 3.15 executable; a lib-dynload module in its 3.14.
+            asyncio: match minor {
+                "3.14" => Some(sid.join(
+                    "usr/lib/python3.14/lib-dynload/_asyncio.cpython-314-x86_64-linux-gnu.so",
+                )),
+                "3.15" => Some(sid.join("usr/bin/python3.15")),
+                _ => None,
+            },
         });
     }
     all
@@ -108,9 +120,20 @@ pub fn generate(dir: &Path) -> Result<()> {
         if python.debug_offsets {
             write(dir, "debug_offsets", name, &runtime_section(&data)?)?;
         }
-        write(dir, "elf", name, &compact_elf(&data)?)?;
+        write(dir, "elf", name, &compact_elf(&data, &[])?)?;
         for (i, table) in line_tables(&python.command)?.into_iter().enumerate() {
             write(dir, "linetable", &format!("{name}-{i}"), &table)?;
+        }
+        if let Some(asyncio) = &python.asyncio {
+            let data = std::fs::read(asyncio)?;
+            let elf = compact_elf(&data, &[b".AsyncioDebug"])?;
+            write(
+                dir,
+                "asyncio",
+                &format!("{name}-section"),
+                &section(&data, b".AsyncioDebug")?,
+            )?;
+            write(dir, "asyncio", &format!("{name}-elf"), &elf)?;
         }
         let proc = proc_files(&python.command)?;
         write(dir, "proc_maps", name, &proc.maps)?;
@@ -134,24 +157,31 @@ fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) -> Result<()> {
 
 /// The first bytes of the `.PyRuntime` section: `_Py_DebugOffsets`.
 fn runtime_section(data: &[u8]) -> Result<Vec<u8>> {
+    let mut bytes = section(data, b".PyRuntime")?;
+    if bytes.len() < RUNTIME_BYTES {
+        bail!(".PyRuntime is cut short");
+    }
+    bytes.truncate(RUNTIME_BYTES);
+    Ok(bytes)
+}
+
+/// The contents of the section named `name`.
+fn section(data: &[u8], name: &[u8]) -> Result<Vec<u8>> {
     let header = FileHeader64::<Endianness>::parse(data)?;
     let e = header.endian()?;
     let sections = header.sections(e, data)?;
     let (_, section) = sections
-        .section_by_name(e, b".PyRuntime")
-        .context("no .PyRuntime section")?;
-    let start = section.sh_offset(e) as usize;
-    data.get(start..start + RUNTIME_BYTES)
-        .map(<[u8]>::to_vec)
-        .context(".PyRuntime is cut short")
+        .section_by_name(e, name)
+        .with_context(|| format!("no {} section", String::from_utf8_lossy(name)))?;
+    Ok(section.data(e, data)?.to_vec())
 }
 
 /// The parts of an x86-64 ELF file `elf.rs` reads, re-laid out into a small file: headers,
 /// section names, and `.dynsym`/`.dynstr` with the wanted symbols. Every other section keeps
-/// its header (name, address) but no contents; the program headers are unchanged, so
+/// its header (name, address) but no contents, except those named in `keep`; the program headers are unchanged, so
 /// `_PyRuntime`'s file offset is still computed (and the reads of `Py_Version` and the
 /// prologues, beyond the end, fail as on a cut file).
-fn compact_elf(data: &[u8]) -> Result<Vec<u8>> {
+fn compact_elf(data: &[u8], keep: &[&[u8]]) -> Result<Vec<u8>> {
     let header = FileHeader64::<Endianness>::parse(data)?;
     let e = header.endian()?;
     if e != Endianness::Little {
@@ -189,13 +219,11 @@ fn compact_elf(data: &[u8]) -> Result<Vec<u8>> {
         strings.push(0);
         symbols.extend_from_slice(&raw);
     }
-    if wanted == 0 {
+    if wanted == 0 && keep.is_empty() {
         bail!("none of the wanted symbols is in .dynsym");
     }
     let shstr = sections.section(object::SectionIndex(shstrndx))?;
-    let names = shstr
-        .data(e, data)
-        .context("reading .shstrtab")?;
+    let names = shstr.data(e, data).context("reading .shstrtab")?;
 
     let phoff = header.e_phoff(e) as usize;
     let phlen = header.e_phnum(e) as usize * header.e_phentsize(e) as usize;
@@ -212,6 +240,16 @@ fn compact_elf(data: &[u8]) -> Result<Vec<u8>> {
     let sym_at = place(&mut out, &symbols);
     let str_at = place(&mut out, &strings);
     let names_at = place(&mut out, names);
+    let mut kept = Vec::new();
+    for (i, s) in sections.iter().enumerate() {
+        let name = sections.section_name(e, s).unwrap_or_default();
+        if keep.contains(&name) {
+            kept.push((
+                i,
+                place(&mut out, s.data(e, data).context("reading a kept section")?),
+            ));
+        }
+    }
     let shoff = place(&mut out, &[]).0;
     for (i, s) in sections.iter().enumerate() {
         let start = header.e_shoff(e) as usize + i * header.e_shentsize(e) as usize;
@@ -220,6 +258,9 @@ fn compact_elf(data: &[u8]) -> Result<Vec<u8>> {
             _ if i == dynsym_index => sym_at,
             _ if i == dynstr_index => str_at,
             _ if i == shstrndx => names_at,
+            _ if kept.iter().any(|&(k, _)| k == i) => {
+                kept.iter().find(|&&(k, _)| k == i).unwrap().1
+            }
             _ if matches!(s.sh_type(e), SHT_NOBITS | SHT_NULL) => (s.sh_offset(e), s.sh_size(e)),
             _ => (0, 0),
         };
@@ -278,7 +319,10 @@ fn proc_files(command: &[String]) -> Result<ProcFiles> {
             "import sys; print('ready', flush=True); sys.stdin.read()",
         ])
         .env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
         .env("OTEL_SERVICE_NAME", "checkout")
         .env(
             "OTEL_RESOURCE_ATTRIBUTES",
