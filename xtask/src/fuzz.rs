@@ -26,8 +26,8 @@ use crate::{setup, util};
 
 /// Largest single allocation allowed (MiB): above every parser's cap, far below 2^40.
 const MALLOC_LIMIT_MB: u64 = 64;
-/// Resident memory allowed (MiB): the ASan binary itself plus a grown corpus.
-const RSS_LIMIT_MB: u64 = 1024;
+/// Resident memory allowed (MiB): the ASan binary, its quarantine (256 MiB) and the corpus.
+const RSS_LIMIT_MB: u64 = 2048;
 /// Seconds one input may take.
 const TIMEOUT_S: u64 = 10;
 

@@ -45,7 +45,14 @@ const GIL_LOCKED: u16 = 16;
 /// address gets a new tag even when its strings reuse the old addresses too.
 pub(crate) fn code_tag_offset(code: &CodeLayout) -> u16 {
     let fields = [code.filename, code.name, code.qualname, code.linetable];
-    let hi = fields.iter().copied().max().unwrap_or(code.filename) + 8;
+    // Saturating: `_Py_DebugOffsets` from a target may put a field at 0xfff8 or above (found
+    // by `cargo xtask fuzz debug_offsets`); such a layout reads garbage but must not panic.
+    let hi = fields
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(code.filename)
+        .saturating_add(8);
     // Never before the object header (refcount, type, size).
     hi.saturating_sub(profiler_common::CODE_TAG_BYTES as u16)
         .max(24)
