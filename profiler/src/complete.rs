@@ -492,7 +492,12 @@ mod hostile {
                         datastack_chunk: arena.word(&mut rng),
                         next_frame: arena.word(&mut rng),
                         deep_hash: rng.u64(..),
-                        deep_frames: rng.u32(..),
+                        // Mostly what the kernel can fold; sometimes a corrupt count.
+                        deep_frames: if rng.u8(..) < 224 {
+                            rng.u32(..=MAX_DEEP_FRAMES)
+                        } else {
+                            rng.u32(..)
+                        },
                         pid,
                         tid: pid,
                         flags: SAMPLE_TRUNCATED,

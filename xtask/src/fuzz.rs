@@ -96,7 +96,9 @@ pub fn fuzz(args: &FuzzArgs) -> Result<()> {
             .context("running cargo fuzz")?;
         let text = std::fs::read_to_string(&log)?;
         let mut outcome = parse_output(&text);
-        outcome.seconds = started.elapsed().as_secs_f64();
+        if outcome.seconds == 0.0 {
+            outcome.seconds = started.elapsed().as_secs_f64();
+        }
         if !status.success() && outcome.failure.is_none() {
             outcome.failure = Some(format!("exit {status}; see {}", log.display()));
         }
@@ -212,6 +214,13 @@ fn parse_output(text: &str) -> Outcome {
         if let Some(n) = field(line, "stat::number_of_executed_units: ") {
             o.execs = o.execs.max(n);
         }
+        // `Done 1000000 runs in 45 second(s)`: libFuzzer's own time, without the build.
+        if let Some(s) = line
+            .strip_prefix("Done ")
+            .and_then(|l| field(l, " runs in "))
+        {
+            o.seconds = s as f64;
+        }
         let failed = [
             "ERROR: libFuzzer: ",
             "ERROR: AddressSanitizer",
@@ -239,12 +248,14 @@ mod tests {
         let ok = "INFO: Seed: 1\n#2\tINITED cov: 10 ft: 12 corp: 1/1b\n\
                   #1048576\tpulse  cov: 311 ft: 902 corp: 80/2Kb\n\
                   #1200000\tDONE   cov: 312 ft: 910 corp: 81/2Kb\n\
+                  Done 1200000 runs in 45 second(s)\n\
                   stat::number_of_executed_units: 1200000\n";
         let o = parse_output(ok);
         assert_eq!(
             (o.execs, o.cov, o.ft, o.failure),
             (1_200_000, 312, 910, None)
         );
+        assert_eq!(o.seconds, 45.0);
         let oom = "#100\tNEW cov: 5 ft: 5\n==1== ERROR: libFuzzer: out-of-memory (malloc(1099511627776))\n\
                    artifact_prefix='a/'; Test unit written to a/oom-123\n";
         let o = parse_output(oom);
