@@ -200,8 +200,8 @@ fn parse_output(text: &str) -> Outcome {
         rest.split_whitespace().next()?.parse().ok()
     };
     for line in text.lines() {
-        if line.starts_with('#') {
-            if let Some(n) = line[1..]
+        if let Some(status) = line.strip_prefix('#') {
+            if let Some(n) = status
                 .split_whitespace()
                 .next()
                 .and_then(|n| n.parse().ok())

@@ -230,7 +230,7 @@ fn compact_elf(data: &[u8], keep: &[&[u8]]) -> Result<Vec<u8>> {
     let mut out = data[..64].to_vec();
     out.extend_from_slice(&data[phoff..phoff + phlen]);
     let place = |out: &mut Vec<u8>, bytes: &[u8]| {
-        while out.len() % 8 != 0 {
+        while !out.len().is_multiple_of(8) {
             out.push(0);
         }
         let at = out.len();
