@@ -11,6 +11,7 @@
 //! sampling loop, and each command is a sink on it: `record`, `top`, `agent`. `idle` samples
 //! off-CPU threads from the thread lists (`python::threads`), which `dump` also reads, without
 //! BPF. `check` says whether the host can run all this, and holds the preflight checks.
+//! `fuzzing` (hidden) lets the fuzz targets in `fuzz/` reach private parsers.
 
 pub mod agent;
 pub mod aggregate;
