@@ -439,17 +439,21 @@ fn spawn(command: &[String]) -> Result<tokio::process::Child> {
 /// Waits until the launched process has exec'd an interpreter and registers it.
 async fn await_interpreter(session: &mut Session, pid: u32) -> Result<()> {
     let started = Instant::now();
+    let exe = || std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     loop {
+        let before = exe();
         match session.add(pid) {
             Ok(_) => return Ok(()),
             Err(e) => {
                 // Before exec the child is still a copy of pyebpf: not Python yet.
-                let still_us = std::fs::read_link(format!("/proc/{pid}/exe")).ok()
-                    == std::env::current_exe().ok();
+                let after = exe();
+                let still_us = after == std::env::current_exe().ok();
                 if !alive(pid) || (!still_us && started.elapsed() > CHILD_DISCOVERY_TIMEOUT) {
                     return Err(e.into());
                 }
-                if !still_us && !e.is_benign() {
+                // A launcher (`chroot`, `env`) that exec'd while it was being inspected leaves
+                // files that vanished mid-read: look again at what it became.
+                if !still_us && !e.is_benign() && before == after {
                     return Err(e.into());
                 }
             }
