@@ -5,6 +5,7 @@
 # The main thread sleeps in main(). A heartbeat thread notes the longest gap between its beats
 # in a file (argv[1]): a dump that paused the process would show as a long gap.
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -51,8 +52,10 @@ def heartbeat(path):
         last = now
         beats += 1
         if beats % 10 == 0:
-            with open(path, "w") as f:
+            # Replaced whole, so that a reader never sees the file empty mid-write.
+            with open(path + ".tmp", "w") as f:
                 f.write(f"{beats} {worst:.4f}\n")
+            os.replace(path + ".tmp", path)
 
 
 def start(name, target, *args):
