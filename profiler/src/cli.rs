@@ -188,16 +188,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 5.0, env = "PYEBPF_FLUSH_TIMEOUT",
           value_parser = parse_duration)]
     pub flush_timeout: f64,
-    /// Show asyncio tasks: a sample taken while a task runs ends, below that task's
-    /// coroutine, in a `<task NAME>` frame, then the coroutine frames of the task awaiting it
-    /// (`await task`, `gather`, a `TaskGroup`'s parent), its own `<task …>` frame, and so on
-    /// down to the root task, instead of the event loop's frames. So each task's CPU time sits
-    /// under the chain of tasks that wait for it. Needs CPython 3.14+, whose `_asyncio`
-    /// module publishes its task layout (`.AsyncioDebug`); a process on 3.11-3.13 is named
-    /// once and sampled without task frames. Costs one more 8-byte read per sample in the
-    /// kernel; task chains are read (rarely: cached briefly) from userspace.
-    #[arg(long = "async")]
-    pub async_tasks: bool,
+    #[command(flatten)]
+    pub asyncio: AsyncArgs,
     #[command(flatten)]
     pub native: NativeArgs,
     #[command(flatten)]
@@ -290,16 +282,8 @@ pub struct RecordArgs {
     /// costs) as JSON to this file, for scripts and benchmarks.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
-    /// Show asyncio tasks: a sample taken while a task runs ends, below that task's
-    /// coroutine, in a `<task NAME>` frame, then the coroutine frames of the task awaiting it
-    /// (`await task`, `gather`, a `TaskGroup`'s parent), its own `<task …>` frame, and so on
-    /// down to the root task, instead of the event loop's frames. So each task's CPU time sits
-    /// under the chain of tasks that wait for it. Needs CPython 3.14+, whose `_asyncio`
-    /// module publishes its task layout (`.AsyncioDebug`); a process on 3.11-3.13 is named
-    /// once and sampled without task frames. Costs one more 8-byte read per sample in the
-    /// kernel; task chains are read (rarely: cached briefly) from userspace.
-    #[arg(long = "async")]
-    pub async_tasks: bool,
+    #[command(flatten)]
+    pub asyncio: AsyncArgs,
     #[command(flatten)]
     pub native: NativeArgs,
     #[command(flatten)]
@@ -330,6 +314,21 @@ pub struct TopArgs {
     pub sort: TopSort,
     #[command(flatten)]
     pub debug: DebugArgs,
+}
+
+/// `--async`, shared by `record` and `agent`.
+#[derive(Args, Debug, Default)]
+pub struct AsyncArgs {
+    /// Show asyncio tasks: a sample taken while a task runs ends, below that task's
+    /// coroutine, in a `<task NAME>` frame, then the coroutine frames of the task awaiting it
+    /// (`await task`, `gather`, a `TaskGroup`'s parent), its own `<task …>` frame, and so on
+    /// down to the root task, instead of the event loop's frames. So each task's CPU time sits
+    /// under the chain of tasks that wait for it. Needs CPython 3.14+, whose `_asyncio`
+    /// module publishes its task layout (`.AsyncioDebug`); a process on 3.11-3.13 is named
+    /// once and sampled without task frames. Costs one more 8-byte read per sample in the
+    /// kernel; task chains are read (rarely: cached briefly) from userspace.
+    #[arg(long = "async")]
+    pub async_tasks: bool,
 }
 
 /// `--native` and its settings, shared by `record`, `agent` and `dump`.

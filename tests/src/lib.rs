@@ -254,6 +254,22 @@ pub fn missing_prerequisite(test: &str, why: &str) {
     panic!("{why}: {test} needs it (to skip it on purpose, set {ALLOW_SKIP_ENV}={test})");
 }
 
+/// The host pid of the program `unshare --pid --fork` (pid `unshare`) runs: unshare forks the
+/// namespace's init, which execs the program, so it is unshare's child.
+pub fn namespaced_child(unshare: u32) -> u32 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .is_some_and(|ppid| ppid == unshare.to_string())
+            })
+        })
+        .expect("the namespaced program")
+}
+
 /// The `pyebpf` binary under test: `$PYEBPF_BIN`, else `target/debug/pyebpf` of this workspace.
 pub fn pyebpf_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("PYEBPF_BIN") {

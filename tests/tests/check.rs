@@ -239,18 +239,7 @@ fn marks_processes_in_other_namespaces() {
     ])
     .arg(workloads_dir().join("sleeper.py"));
     let workload = Workload::start_command(cmd, "sleeper.py in new pid and mount namespaces");
-    // unshare forks the namespace's init, which execs python: the host pid is its child.
-    let host_pid = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .is_some_and(|ppid| ppid == workload.pid().to_string())
-            })
-        })
-        .expect("the namespaced python");
+    let host_pid = tests::namespaced_child(workload.pid());
     let (code, report) = check_json(&[]);
     assert_consistent(code, &report);
     assert_listed(&report, host_pid, &workload, 11, "python3.11 in namespaces");

@@ -515,18 +515,7 @@ fn dump_a_process_in_a_container() {
     .arg(tests::workloads_dir().join("dump_threads.py"))
     .arg(&inside);
     let workload = Workload::start_command(cmd, "dump_threads.py in new pid and mount namespaces");
-    // unshare forks the namespace's init, which execs python: the host pid is its child.
-    let host_pid = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .is_some_and(|ppid| ppid == workload.pid().to_string())
-            })
-        })
-        .expect("the namespaced python");
+    let host_pid = tests::namespaced_child(workload.pid());
     let doc = dump_json(host_pid, &[]);
     let ns_sleeper = workload.printed("sleeper");
     // While it runs: the host's thread ids of the process.

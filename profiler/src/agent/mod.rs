@@ -118,7 +118,7 @@ async fn agent(
         drain_interval: AGENT_DRAIN,
         first_look: Duration::from_millis(args.first_look_ms),
         native: args.native.options(),
-        async_tasks: args.async_tasks,
+        async_tasks: args.asyncio.async_tasks,
     };
     let mut session = driver::start(&options)?;
     // The kernel counts the sampler's run time only while someone holds this fd.

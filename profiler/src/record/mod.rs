@@ -103,7 +103,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: args.native.options(),
-        async_tasks: args.async_tasks,
+        async_tasks: args.asyncio.async_tasks,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
