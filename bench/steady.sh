@@ -28,5 +28,5 @@ k = s["kernel"]
 # Runs for other tasks (not_python) return after one map lookup: ~0.1 us each.
 bpf = (s["bpf_run_time_ns"] - 100 * k["not_python"]) / k["emitted"] / 1e3
 print(f"{k['emitted']} samples, BPF {bpf:.2f} us/sample, program {s.get('bpf_xlated_bytes', '?')} bytes, "
-      f"{k['windows'] / k['emitted']:.2f} stack windows/sample, {k['new_code']} new-code wake-ups")
+      f"{k['chunk_copies'] / k['emitted']:.2f} chunk copies/sample, {k['new_code']} new-code wake-ups")
 PY

@@ -28,7 +28,7 @@ pub const MAX_THREAD_WALK: u32 = 256;
 pub const MAX_INTERPRETERS: u32 = 4;
 /// Bytes of `_PyInterpreterFrame` copied per frame: one read covers every field the walk needs.
 pub const FRAME_HEADER_BYTES: usize = 96;
-/// Bytes of a code object folded into its tag (see [`FrameRecord::tag`]).
+/// Bytes of a code object folded into its tag (see [`RawFrame::tag`]).
 pub const CODE_TAG_BYTES: usize = 56;
 
 /// `PyOffsets::flags`: the thread's current frame sits behind `tstate->cframe` (3.11, 3.12).
@@ -79,9 +79,9 @@ pub struct PyOffsets {
     pub frame_instr_ptr: u16,
     /// `_PyInterpreterFrame.owner` (one byte)
     pub frame_owner: u16,
-    /// Start of the code-object window folded into the frame's tag.
+    /// Start of the code-object span folded into the frame's tag.
     pub code_tag_offset: u16,
-    /// When nonzero: a pointer field of the code object (inside the tag window) whose target's
+    /// When nonzero: a pointer field of the code object (inside the tag span) whose target's
     /// word at `tag_deref_field` is folded into the tag too; for builds whose code objects
     /// carry no creation counter (3.11), the qualname's cached hash tells a new function at a
     /// freed one's address apart even when every pointer was reused.
@@ -174,7 +174,7 @@ pub const NATIVE_STACK_COPY: u32 = 2;
 pub const MAX_NATIVE_FRAMES: usize = 128;
 /// Largest stack copy (the `--native-stack` bound).
 pub const MAX_STACK_COPY: usize = 32 << 10;
-/// The native part's room in a record: the larger of the two kinds.
+/// The native part's room in a raw sample: the larger of the two kinds.
 pub const NATIVE_BYTES: usize = MAX_STACK_COPY;
 
 /// `SampleHeader::flags`: the walk stopped at `MAX_FRAMES`; `next_frame` continues it.
@@ -189,7 +189,7 @@ pub const SAMPLE_DEEP_INCOMPLETE: u16 = 1 << 3;
 /// `SampleHeader::flags`: the sampled thread held the GIL (`locked && last_holder == tstate`).
 /// Only computed when the layout locates the GIL (`LAYOUT_GIL_MASK`).
 pub const SAMPLE_HOLDS_GIL: u16 = 1 << 4;
-/// `SampleHeader::flags`: a frame's code object (or its tag) was new to the sampler; the record
+/// `SampleHeader::flags`: a frame's code object (or its tag) was new to the sampler; the sample
 /// woke userspace at once, so the object is read while it still exists.
 pub const SAMPLE_NEW_CODE: u16 = 1 << 5;
 
@@ -197,7 +197,7 @@ pub const SAMPLE_NEW_CODE: u16 = 1 << 5;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-pub struct FrameRecord {
+pub struct RawFrame {
     /// Address of the `_PyInterpreterFrame`.
     pub frame: u64,
     /// Address of its code object (tag bits cleared).
@@ -209,7 +209,7 @@ pub struct FrameRecord {
     pub tag: u64,
 }
 
-/// Fixed part of a ring-buffer record; `nframes` [`FrameRecord`]s follow it.
+/// Fixed part of a raw sample in the ring buffer; `nframes` [`RawFrame`]s follow it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
@@ -245,13 +245,13 @@ pub struct SampleHeader {
     pub running_task: u64,
 }
 
-/// The complete record as assembled in the per-CPU sample buffer; only the used prefix is
+/// The complete raw sample as assembled in the per-CPU sample buffer; only the used prefix is
 /// sent: the header, `nframes` frames, then `native_len` bytes of native stack.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Sample {
     pub header: SampleHeader,
-    pub frames: [FrameRecord; MAX_FRAMES],
+    pub frames: [RawFrame; MAX_FRAMES],
     pub native: [u8; NATIVE_BYTES],
 }
 
@@ -261,7 +261,7 @@ pub const PROC_EVENT_EXEC: u32 = 1;
 /// `PROCS` entry and userspace forgets it.
 pub const PROC_EVENT_EXIT: u32 = 2;
 
-/// `PROC_EVENTS` record: a process-lifecycle notification from the `sched_process_exec` /
+/// `PROC_EVENTS` entry: a process-lifecycle notification from the `sched_process_exec` /
 /// `sched_process_exit` tracepoints.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -274,7 +274,7 @@ pub struct ProcEvent {
     pub pid: u32,
 }
 
-/// Fold a code-object window (and the `tag_deref_ptr` word, 0 when unused) into a tag.
+/// Fold a code-object span (and the `tag_deref_ptr` word, 0 when unused) into a tag.
 /// Kernel and userspace must agree bit for bit.
 #[inline(always)]
 pub fn fold_tag(words: &[u64; CODE_TAG_BYTES / 8], deref: u64) -> u64 {
@@ -325,10 +325,10 @@ pub mod stat {
     pub const EXIT_PROCS_REMOVED: u32 = 12;
     /// `THREADS` entries removed by the kernel when their thread exited.
     pub const EXIT_THREADS_REMOVED: u32 = 13;
-    /// A walk read `MAX_STACK_WINDOWS` stack windows; its remaining frames were read one by one.
-    pub const WINDOW_LIMIT: u32 = 14;
-    /// Stack windows read (bulk copies of a stack chunk's frames).
-    pub const WINDOWS: u32 = 15;
+    /// A walk made `MAX_CHUNK_COPIES` chunk copies; its remaining frames were read one by one.
+    pub const CHUNK_COPY_LIMIT: u32 = 14;
+    /// Chunk copies made (bulk copies of a stack chunk's frames).
+    pub const CHUNK_COPIES: u32 = 15;
     /// Samples with a code object new to the sampler, which woke userspace at once.
     pub const NEW_CODE: u32 = 16;
     /// perf events left out by random subsampling (`SUBSAMPLE` > 1), before anything else.

@@ -15,7 +15,7 @@ use aya_ebpf::Global;
 pub const LOG_OWNERS: u32 = 1 << 0;
 /// Failed reads of target (or kernel) memory, with their addresses.
 pub const LOG_READS: u32 = 1 << 1;
-/// Limits hit: frame and thread walks, stack windows, the deep digest, full ring buffers.
+/// Limits hit: frame and thread walks, chunk copies, the deep digest, full ring buffers.
 pub const LOG_LIMITS: u32 = 1 << 2;
 /// A layout that doesn't validate against what the walk finds.
 pub const LOG_LAYOUT: u32 = 1 << 3;

@@ -8,13 +8,13 @@
 #[cfg(target_arch = "bpf")]
 mod bounds;
 #[cfg(target_arch = "bpf")]
+mod chunk_copy;
+#[cfg(target_arch = "bpf")]
 mod debug;
 #[cfg(target_arch = "bpf")]
 mod lifecycle;
 #[cfg(target_arch = "bpf")]
 mod sampler;
-#[cfg(target_arch = "bpf")]
-mod window;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -1,8 +1,8 @@
 use core::{ffi::c_void, ptr::null_mut};
 
 use crate::bounds;
+use crate::chunk_copy::{self, frame_words};
 use crate::debug::{log_if, LOG_LAYOUT, LOG_LIMITS, LOG_OWNERS, LOG_READS};
-use crate::window::{self, frame_words};
 use aya_ebpf::{
     bindings::bpf_pidns_info,
     helpers::{
@@ -19,7 +19,7 @@ use aya_ebpf::{
     Global,
 };
 use profiler_common::{
-    fold_frame, fold_tag, stat, FrameRecord, ProcInfo, PyOffsets, Sample, SampleHeader,
+    fold_frame, fold_tag, stat, ProcInfo, PyOffsets, RawFrame, Sample, SampleHeader,
     CODE_TAG_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP, LAYOUT_GIL_MASK,
     MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_NATIVE_FRAMES, MAX_PROCS,
     MAX_SEEN_CODE, MAX_THREADS, MAX_THREAD_WALK, NATIVE_BYTES, NATIVE_FRAME_POINTERS,
@@ -50,9 +50,9 @@ const PT_REGS_BP: u64 = 4 * 8;
 const PT_REGS_IP: u64 = 16 * 8;
 const PT_REGS_SP: u64 = 19 * 8;
 
-/// 8 MiB: at 1 kHz on 64 CPUs with full-depth records that is still ~30 ms of slack.
+/// 8 MiB: at 1 kHz on 64 CPUs with full-depth samples that is still ~30 ms of slack.
 const RINGBUF_BYTES: u32 = 8 << 20;
-/// Queued bytes past which a record wakes the reader (see `emit`).
+/// Queued bytes past which a sample wakes the reader (see `emit`).
 const RINGBUF_WAKEUP_BYTES: u64 = 1 << 20;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
@@ -79,7 +79,7 @@ pub(crate) static THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(M
 static SEEN_CODE: LruHashMap<[u64; 2], u64> = LruHashMap::with_max_entries(MAX_SEEN_CODE, 0);
 #[map]
 pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
-/// The record under construction (too large for the 512-byte BPF stack), and the state of
+/// The sample under construction (too large for the 512-byte BPF stack), and the state of
 /// the `bpf_loop`s that fill it.
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
@@ -102,8 +102,8 @@ struct Scratch {
 fn scratch() -> Option<&'static mut Scratch> {
     SCRATCH.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
-/// The record under construction, one per CPU. An array indexed by CPU rather than a per-CPU
-/// map: with the native part (up to 32 KiB of stack) a record is larger than the 32 KiB a
+/// The sample under construction, one per CPU. An array indexed by CPU rather than a per-CPU
+/// map: with the native part (up to 32 KiB of stack) a sample is larger than the 32 KiB a
 /// per-CPU value may be. A perf-event program runs with preemption off and does not nest on
 /// its CPU, so the CPU's slot is its own. Userspace sizes it to the possible CPUs.
 #[map]
@@ -301,7 +301,7 @@ fn user_regs() -> Option<[u64; 3]> {
     Some(user)
 }
 
-/// The native part of the record, after its `nframes` frames: the kernel's frame-pointer walk
+/// The native part of the sample, after its `nframes` frames: the kernel's frame-pointer walk
 /// of the user stack, or a copy of its top. Both come from this interrupt, so they show the
 /// same moment as the Python frames.
 #[inline(always)]
@@ -437,7 +437,7 @@ fn native_tid(tid: u32, proc: &ProcInfo) -> u32 {
 struct FpWalk {
     /// The frame pointer of the frame whose caller is next.
     fp: u64,
-    /// Where the native part starts, in frame records.
+    /// Where the native part starts, in raw frames.
     at: u64,
     /// Pairs written.
     n: u64,
@@ -447,11 +447,11 @@ struct FpWalk {
     top: u64,
 }
 
-/// u64 words of a record's native part (a power of two for the verifier's masks).
+/// u64 words of a sample's native part (a power of two for the verifier's masks).
 const NATIVE_WORDS: usize = NATIVE_BYTES / 8;
 const _: () = assert!(NATIVE_WORDS.is_power_of_two() && MAX_NATIVE_FRAMES * 2 <= NATIVE_WORDS);
 
-/// The native part of the record in `sample`, which starts after its `at` frames.
+/// The native part of `sample`, which starts after its `at` frames.
 #[inline(always)]
 fn native_words(sample: &mut Sample, at: u64) -> *mut u64 {
     let at = bounds::size::<{ MAX_FRAMES as u64 }>(at) as usize;
@@ -634,7 +634,7 @@ struct ThreadFields {
     native_id: u64,
     /// `current_frame`, or the `_PyCFrame` pointer with `LAYOUT_CFRAME`.
     current: u64,
-    /// `datastack_chunk`: where the stack windows start.
+    /// `datastack_chunk`: where the chunk copies start.
     chunk: u64,
 }
 
@@ -706,7 +706,7 @@ struct Walk {
     /// elsewhere.
     user_sp: u64,
     c_entry: u64,
-    /// Records written (shims included).
+    /// Raw frames written (shims included).
     nframes: u32,
     pid: u32,
     layout: u32,
@@ -714,15 +714,15 @@ struct Walk {
     done: u32,
 }
 
-/// Walks `previous` links from `frame`, one record per frame into `SCRATCH`.
+/// Walks `previous` links from `frame`, one raw frame per frame into `SCRATCH`.
 /// Returns (records written, where the walk stopped if incomplete, SAMPLE_* flags).
 ///
 /// Shim frames (C-stack entry frames, interpreter-owned frames) are recorded with `code == 0`
-/// and dropped by userspace: writing record `i` at iteration `i` keeps the loop state free of
+/// and dropped by userspace: writing raw frame `i` at iteration `i` keeps the loop state free of
 /// counters, so the verifier checks the body once instead of once per frame.
 #[inline(always)]
 fn walk(frame: u64, pid: u32, layout: u32, chunk: u64, user_sp: u64) -> (usize, u64, u16) {
-    window::reset(chunk);
+    chunk_copy::reset(chunk);
     let Some(scratch) = scratch() else {
         return (0, 0, SAMPLE_READ_ERROR);
     };
@@ -809,7 +809,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
     } else if code != 0 {
         let src = (code + layout.code_tag_offset as u64) as *const [u64; CODE_TAG_BYTES / 8];
         // Read straight into the value: a zero-initialised buffer would cost a byte-wise memset.
-        let Ok(window) = (unsafe { bpf_probe_read_user(src) }) else {
+        let Ok(span) = (unsafe { bpf_probe_read_user(src) }) else {
             bump(stat::READ_ERRORS);
             log_if!(
                 LOG_READS,
@@ -825,7 +825,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
             let slot = (layout.tag_deref_ptr.wrapping_sub(layout.code_tag_offset) / 8) as usize;
             // Constant indexes only: the verifier rejects variable-offset stack reads.
             let mut ptr = 0;
-            for (i, &w) in window.iter().enumerate() {
+            for (i, &w) in span.iter().enumerate() {
                 if i == slot {
                     ptr = w;
                 }
@@ -833,7 +833,7 @@ extern "C" fn walk_step(index: u64, _ctx: *mut c_void) -> i64 {
             let target = ptr + layout.tag_deref_field as u64;
             deref = unsafe { bpf_probe_read_user(target as *const u64) }.unwrap_or(0);
         }
-        tag = fold_tag(&window, deref);
+        tag = fold_tag(&span, deref);
         walk.last_code = code;
         walk.last_tag = tag;
         // The leaf only: a code object runs as the leaf before anything else, and one map
@@ -910,17 +910,17 @@ extern "C" fn deep_step(_index: u64, _ctx: *mut c_void) -> i64 {
 #[inline(always)]
 fn emit(sample: &Sample, nframes: usize, eager: bool) {
     const _: () = assert!(
-        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<FrameRecord>() + NATIVE_BYTES
+        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<RawFrame>() + NATIVE_BYTES
             == size_of::<Sample>()
     );
-    // 1..=MAX_FRAMES records and 0..NATIVE_BYTES of native stack: the verifier must see that
+    // 1..=MAX_FRAMES raw frames and 0..NATIVE_BYTES of native stack: the verifier must see that
     // the length fits `Sample`.
     let nframes = bounds::size::<{ MAX_FRAMES as u64 }>(nframes as u64) as usize;
     let native = match sample.header.native_len {
         0 => 0,
         n => bounds::size::<{ NATIVE_BYTES as u64 }>(n as u64) as usize,
     };
-    let len = size_of::<SampleHeader>() + nframes * size_of::<FrameRecord>() + native;
+    let len = size_of::<SampleHeader>() + nframes * size_of::<RawFrame>() + native;
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
     // Waking the reader costs an interrupt (a VM exit on virtual machines) here and a

@@ -397,7 +397,7 @@ pub enum BpfDiagnostic {
     Owners,
     /// Failed reads of target or kernel memory, with their addresses.
     Reads,
-    /// Limits hit: frames recorded, thread walks, stack windows, deep digest, ring buffer.
+    /// Limits hit: frames recorded, thread walks, chunk copies, deep digest, ring buffer.
     Limits,
     /// Layouts that don't validate.
     Layout,

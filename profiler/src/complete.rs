@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use profiler_common::{
-    fold_frame, FrameRecord, SampleHeader, FRAME_HEADER_BYTES, MAX_DEEP_FRAMES,
+    fold_frame, RawFrame, SampleHeader, FRAME_HEADER_BYTES, MAX_DEEP_FRAMES,
     SAMPLE_DEEP_INCOMPLETE, SAMPLE_READ_ERROR,
 };
 
@@ -87,7 +87,7 @@ struct TailKey {
 
 #[derive(Default)]
 pub struct Completer {
-    tails: FxHashMap<TailKey, Arc<[FrameRecord]>>,
+    tails: FxHashMap<TailKey, Arc<[RawFrame]>>,
     pub stats: CompletionStats,
 }
 
@@ -110,7 +110,7 @@ impl Completer {
         tid: u32,
         layout: &PyLayout,
         header: &SampleHeader,
-    ) -> Option<Arc<[FrameRecord]>> {
+    ) -> Option<Arc<[RawFrame]>> {
         // The kernel folds at most MAX_DEEP_FRAMES frames into `deep_hash`; a header claiming
         // more is corrupt, and walking that many frames round a cyclic chain in a chunk copy
         // would take minutes.
@@ -140,7 +140,7 @@ impl Completer {
                     self.tails.clear();
                     self.stats.cache_evictions += 1;
                 }
-                let tail: Arc<[FrameRecord]> = tail.into();
+                let tail: Arc<[RawFrame]> = tail.into();
                 self.tails.insert(key, tail.clone());
                 Some(tail)
             }
@@ -166,9 +166,9 @@ impl Completer {
         mem: &ProcessMemory,
         layout: &PyLayout,
         header: &SampleHeader,
-    ) -> Result<Vec<FrameRecord>, StackError> {
+    ) -> Result<Vec<RawFrame>, StackError> {
         let reads = &mut self.stats.reads;
-        let stack = StackCopy::read(mem, layout, header.datastack_chunk, reads)?;
+        let stack = ChunkCopy::read(mem, layout, header.datastack_chunk, reads)?;
         let mut walked = stack.walk(mem, layout, header.next_frame, header.deep_frames, reads)?;
         if !walked.complete {
             return Err(StackError::Deeper);
@@ -187,14 +187,14 @@ impl Completer {
 
 /// Copies of one thread's stack chunks (`_PyStackChunk`s, newest first), so a walk over
 /// thousands of frames costs a handful of reads.
-pub(crate) struct StackCopy {
+pub(crate) struct ChunkCopy {
     chunks: Vec<Chunk>,
 }
 
-/// A frame chain walked by [`StackCopy::walk`].
+/// A frame chain walked by [`ChunkCopy::walk`].
 pub(crate) struct WalkedStack {
     /// Python frames, leaf first, with `tag` 0 (see [`tag_frames`]).
-    pub frames: Vec<FrameRecord>,
+    pub frames: Vec<RawFrame>,
     /// Frames visited, shims included.
     pub count: u32,
     /// [`fold_frame`] over every frame visited, as the kernel computes `deep_hash`.
@@ -213,14 +213,14 @@ fn read(
     Ok(mem.read_vec(addr, len)?)
 }
 
-impl StackCopy {
+impl ChunkCopy {
     /// Copies the chunk list starting at `first` (a thread state's `datastack_chunk`).
     pub(crate) fn read(
         mem: &ProcessMemory,
         layout: &PyLayout,
         first: u64,
         reads: &mut u64,
-    ) -> Result<StackCopy, StackError> {
+    ) -> Result<ChunkCopy, StackError> {
         let mut chunks = Vec::new();
         let mut total = 0u64;
         let mut addr = first;
@@ -250,7 +250,7 @@ impl StackCopy {
             chunks.push(Chunk { addr, bytes });
             addr = previous;
         }
-        Ok(StackCopy { chunks })
+        Ok(ChunkCopy { chunks })
     }
 
     /// Walks `previous` links from `frame` to the bottom of the stack, taking frame headers
@@ -305,7 +305,7 @@ impl StackCopy {
             count += 1;
             let shim = k.is_shim(owner as u64);
             if !shim && code != 0 {
-                frames.push(FrameRecord {
+                frames.push(RawFrame {
                     frame,
                     code,
                     instr,
@@ -328,7 +328,7 @@ impl StackCopy {
 pub(crate) fn tag_frames(
     mem: &ProcessMemory,
     layout: &PyLayout,
-    frames: &mut [FrameRecord],
+    frames: &mut [RawFrame],
     reads: &mut u64,
 ) -> Result<(), StackError> {
     let mut tags: HashMap<u64, u64> = HashMap::new();

@@ -1,14 +1,14 @@
-//! Ring-buffer records → typed values. Pure: no maps, no processes, unit-tested below.
+//! Raw samples from the ring buffer → typed values. Pure: no maps, no processes, unit-tested below.
 //!
-//! A sample record is a [`SampleHeader`] followed by `nframes` [`FrameRecord`]s and
+//! A raw sample is a [`SampleHeader`] followed by `nframes` [`RawFrame`]s and
 //! `native_len` bytes of native stack, as the kernel writes them
 //! (`profiler-ebpf/src/sampler.rs`). The bytes come from our own BPF program, but
-//! a truncated or corrupt record must still cost a counter, never a panic.
+//! a truncated or corrupt sample must still cost a counter, never a panic.
 
-use profiler_common::{FrameRecord, SampleHeader, NATIVE_FRAME_POINTERS, NATIVE_STACK_COPY};
+use profiler_common::{RawFrame, SampleHeader, NATIVE_FRAME_POINTERS, NATIVE_STACK_COPY};
 
 /// One sample as the kernel recorded it.
-pub struct SampleRecord<'a> {
+pub struct RawSample<'a> {
     pub header: SampleHeader,
     frames: &'a [u8],
     native: &'a [u8],
@@ -39,12 +39,12 @@ impl<'a> NativeCapture<'a> {
     }
 }
 
-impl SampleRecord<'_> {
+impl RawSample<'_> {
     /// The recorded frames, leaf first (shim frames have `code == 0`).
-    pub fn frames(&self) -> impl Iterator<Item = FrameRecord> + '_ {
+    pub fn frames(&self) -> impl Iterator<Item = RawFrame> + '_ {
         self.frames
-            .chunks_exact(size_of::<FrameRecord>())
-            .map(bytemuck::pod_read_unaligned::<FrameRecord>)
+            .chunks_exact(size_of::<RawFrame>())
+            .map(bytemuck::pod_read_unaligned::<RawFrame>)
     }
 
     /// The native part, when the sample has one.
@@ -69,15 +69,15 @@ impl SampleRecord<'_> {
     }
 }
 
-/// Decodes a sample record; `None` when it is shorter than its header says.
-pub fn sample(bytes: &[u8]) -> Option<SampleRecord<'_>> {
+/// Decodes a raw sample; `None` when it is shorter than its header says.
+pub fn sample(bytes: &[u8]) -> Option<RawSample<'_>> {
     let header_len = size_of::<SampleHeader>();
     let header: SampleHeader = bytemuck::pod_read_unaligned(bytes.get(..header_len)?);
-    let frames_len = (header.nframes as usize).checked_mul(size_of::<FrameRecord>())?;
+    let frames_len = (header.nframes as usize).checked_mul(size_of::<RawFrame>())?;
     let frames_end = header_len.checked_add(frames_len)?;
     let frames = bytes.get(header_len..frames_end)?;
     let native = bytes.get(frames_end..frames_end.checked_add(header.native_len as usize)?)?;
-    Some(SampleRecord {
+    Some(RawSample {
         header,
         frames,
         native,
@@ -88,7 +88,7 @@ pub fn sample(bytes: &[u8]) -> Option<SampleRecord<'_>> {
 mod tests {
     use super::*;
 
-    fn record(nframes: u16, frames: &[FrameRecord]) -> Vec<u8> {
+    fn raw_sample(nframes: u16, frames: &[RawFrame]) -> Vec<u8> {
         let header = SampleHeader {
             pid: 7,
             tid: 8,
@@ -102,8 +102,8 @@ mod tests {
         bytes
     }
 
-    fn frame(code: u64) -> FrameRecord {
-        FrameRecord {
+    fn frame(code: u64) -> RawFrame {
+        RawFrame {
             frame: 0x1000 + code,
             code,
             instr: 2,
@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn decodes_header_and_frames_leaf_first() {
-        let bytes = record(2, &[frame(10), frame(20)]);
+        let bytes = raw_sample(2, &[frame(10), frame(20)]);
         let rec = sample(&bytes).unwrap();
         assert_eq!((rec.header.pid, rec.header.tid), (7, 8));
         let codes: Vec<u64> = rec.frames().map(|f| f.code).collect();
@@ -121,8 +121,8 @@ mod tests {
     }
 
     #[test]
-    fn short_records_are_rejected_not_read_past() {
-        let bytes = record(3, &[frame(10), frame(20)]);
+    fn short_samples_are_rejected_not_read_past() {
+        let bytes = raw_sample(3, &[frame(10), frame(20)]);
         assert!(sample(&bytes).is_none());
         assert!(sample(&bytes[..10]).is_none());
         assert!(sample(&[]).is_none());
@@ -147,14 +147,14 @@ mod tests {
             panic!("no stack copy");
         };
         assert_eq!((ip, sp, bp, stack), (1, 2, 3, &[7u8; 16][..]));
-        // A native part longer than the record is a short record.
+        // A native part longer than the sample is a short sample.
         assert!(sample(&bytes[..bytes.len() - 1]).is_none());
     }
 
-    /// The ring buffer rounds records up; bytes past the frames are ignored.
+    /// The ring buffer rounds samples up; bytes past the frames are ignored.
     #[test]
     fn trailing_bytes_are_ignored() {
-        let mut bytes = record(1, &[frame(10)]);
+        let mut bytes = raw_sample(1, &[frame(10)]);
         bytes.extend_from_slice(&[0xff; 8]);
         assert_eq!(sample(&bytes).unwrap().frames().count(), 1);
     }

@@ -282,7 +282,7 @@ pub async fn run<S: Sink>(options: &Options, session: &mut Session, sink: &mut S
         tokio::select! {
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for samples")?;
-                // Cleared before draining: a record queued during the drain wakes us again.
+                // Cleared before draining: a sample queued during the drain wakes us again.
                 guard.clear_ready();
                 drain_samples(guard.get_inner_mut(), session, sink);
             }

@@ -6,7 +6,7 @@
 
 use profiler_common::MAX_DEEP_FRAMES;
 
-use crate::complete::StackCopy;
+use crate::complete::ChunkCopy;
 use crate::discovery::Mapping;
 use crate::identity::Environ;
 use crate::memory::ProcessMemory;
@@ -36,7 +36,7 @@ pub fn stack_digest(
 ) -> Option<(u32, u64)> {
     let mem = ProcessMemory::new(pid);
     let mut reads = 0;
-    let stack = StackCopy::read(&mem, layout, chunk, &mut reads).ok()?;
+    let stack = ChunkCopy::read(&mem, layout, chunk, &mut reads).ok()?;
     let walked = stack
         .walk(&mem, layout, next_frame, MAX_DEEP_FRAMES, &mut reads)
         .ok()?;

@@ -10,7 +10,7 @@
 //! idle: it gets no idle stack (counted in [`IdleStats::runnable`]).
 //!
 //! The stack comes from bulk copies of the thread's stack chunks, walked like deep stacks are
-//! completed (`complete::StackCopy`), and is accepted only if the thread's current frame did
+//! completed (`complete::ChunkCopy`), and is accepted only if the thread's current frame did
 //! not move during the copy. Code objects are tagged as the kernel tags them, so idle frames go
 //! through the same symbol cache; the tags of a thread whose chain (frame, code, instruction)
 //! is unchanged since its previous pass are reused without reading anything.
@@ -22,9 +22,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use profiler_common::{FrameRecord, MAX_DEEP_FRAMES, MAX_FRAMES};
+use profiler_common::{RawFrame, MAX_DEEP_FRAMES, MAX_FRAMES};
 
-use crate::complete::{tag_frames, StackCopy, StackError};
+use crate::complete::{tag_frames, ChunkCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::ProcessMemory;
 use crate::python::layout::PyLayout;
@@ -74,7 +74,7 @@ pub struct IdleStack {
     /// Sampling periods this stack stands for.
     pub weight: u64,
     /// Leaf first, tagged.
-    pub frames: Vec<FrameRecord>,
+    pub frames: Vec<RawFrame>,
     /// Deeper than `MAX_IDLE_FRAMES`: `frames` are its top part.
     pub truncated: bool,
 }
@@ -91,7 +91,7 @@ pub struct IdleSampler {
     /// around `periods`; the surplus pays for the next shortfall instead of showing as idle.
     surplus: HashMap<(u32, u64), u64>,
     /// (pid, thread state) → tagged frames of its last walk.
-    previous: HashMap<(u32, u64), Vec<FrameRecord>>,
+    previous: HashMap<(u32, u64), Vec<RawFrame>>,
     /// (pid, thread id in the process's pid namespace) → host thread id, for processes in
     /// another pid namespace (CPython stores the former; labels and `/proc` need the latter).
     host_tids: HashMap<(u32, u32), u32>,
@@ -278,9 +278,9 @@ impl IdleSampler {
         layout: &PyLayout,
         tstate: u64,
         fields: &ThreadFields,
-    ) -> Result<Option<(Vec<FrameRecord>, bool)>, StackError> {
+    ) -> Result<Option<(Vec<RawFrame>, bool)>, StackError> {
         let reads = &mut self.stats.reads;
-        let stack = StackCopy::read(mem, layout, fields.datastack_chunk, reads)?;
+        let stack = ChunkCopy::read(mem, layout, fields.datastack_chunk, reads)?;
         let walked = stack.walk(mem, layout, fields.frame, MAX_IDLE_FRAMES, reads)?;
         let (mut frames, truncated) = (walked.frames, !walked.complete);
         // The copy is this thread's stack only if it did not move meanwhile.

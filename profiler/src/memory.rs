@@ -197,7 +197,7 @@ pub(crate) mod test_support {
         all
     }
 
-    /// A process record for this very process, its runtime at `runtime` (hostile memory).
+    /// A process description for this very process, its runtime at `runtime` (hostile memory).
     pub(crate) fn hostile_process(runtime: u64, layout: PyLayout) -> PythonProcess {
         PythonProcess {
             pid: std::process::id(),

@@ -7,11 +7,11 @@
 
 use std::sync::Arc;
 
-use profiler_common::{FrameRecord, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
+use profiler_common::{RawFrame, SAMPLE_HOLDS_GIL, SAMPLE_READ_ERROR, SAMPLE_TRUNCATED};
 
 use crate::awaiters::{self, AsyncStats, Awaiters};
 use crate::complete::{Completer, CompletionStats};
-use crate::decode::{NativeCapture, SampleRecord};
+use crate::decode::{NativeCapture, RawSample};
 use crate::discovery::PythonProcess;
 use crate::idle::IdleStack;
 use crate::native::merge::{self, role, Group, NativeIn, Outcome, Piece};
@@ -86,8 +86,8 @@ pub struct SessionStats {
     pub unknown_frames: u64,
     /// Samples of processes no longer (or not yet) known to userspace.
     pub orphan_samples: u64,
-    pub malformed_records: u64,
-    /// Records holding only shim frames (no Python code running yet).
+    pub malformed_samples: u64,
+    /// Samples holding only shim frames (no Python code running yet).
     pub shim_only: u64,
     /// Kernel samples flagged as holding the GIL (counted with `--gil`).
     pub holds_gil: u64,
@@ -125,10 +125,10 @@ impl Resolver {
     /// A kernel sample of `process`; `None` when it holds no Python frame (only shims).
     pub fn kernel<'a>(
         &'a mut self,
-        record: &SampleRecord,
+        raw: &RawSample,
         process: &PythonProcess,
     ) -> Option<Resolved<'a>> {
-        let header = &record.header;
+        let header = &raw.header;
         let mut truncated = header.flags & SAMPLE_TRUNCATED != 0;
         let tail = if truncated {
             self.completer
@@ -139,17 +139,13 @@ impl Resolver {
         };
         truncated &= tail.is_none();
         let tail_frames = tail.iter().flat_map(|t| t.iter().copied());
-        self.symbolize(
-            header.pid,
-            &process.layout,
-            record.frames().chain(tail_frames),
-        );
+        self.symbolize(header.pid, &process.layout, raw.frames().chain(tail_frames));
         if self.frames.is_empty() {
             self.stats.shim_only += 1;
             return None;
         }
         let mut mixed = match self.native.is_some() {
-            true => self.merge_native(record, process),
+            true => self.merge_native(raw, process),
             false => false,
         };
         if header.running_task != 0 && self.awaiters.is_some() {
@@ -303,12 +299,12 @@ impl Resolver {
 
     /// Fills `self.mixed` from the sample's native part and `self.frames`; false when the
     /// sample has no native part.
-    fn merge_native(&mut self, record: &SampleRecord, process: &PythonProcess) -> bool {
+    fn merge_native(&mut self, raw: &RawSample, process: &PythonProcess) -> bool {
         let Some(native) = self.native.as_mut() else {
             return false;
         };
-        let pid = record.header.pid;
-        let stack: NativeStack = match record.native() {
+        let pid = raw.header.pid;
+        let stack: NativeStack = match raw.native() {
             None => {
                 self.stats.native_missing += 1;
                 return false;
@@ -325,9 +321,9 @@ impl Resolver {
         // Groups: the Python frames between entry frames (see `native::merge`).
         self.groups.clear();
         let mut kept = 0;
-        for (i, rec) in record.frames().enumerate() {
+        for (i, rec) in raw.frames().enumerate() {
             kept += (rec.code != 0) as usize;
-            if record.is_entry(i) {
+            if raw.is_entry(i) {
                 let entry = (rec.code == 0).then_some(rec.frame);
                 self.groups.push(Group { end: kept, entry });
             }
@@ -417,29 +413,19 @@ impl Resolver {
         self.symbols.len()
     }
 
-    /// Symbolizes `records` (leaf first, shims dropped) into `self.frames`.
-    fn symbolize(
-        &mut self,
-        pid: u32,
-        layout: &PyLayout,
-        records: impl Iterator<Item = FrameRecord>,
-    ) {
+    /// Symbolizes `raw` frames (leaf first, shims dropped) into `self.frames`.
+    fn symbolize(&mut self, pid: u32, layout: &PyLayout, raw: impl Iterator<Item = RawFrame>) {
         self.frames.clear();
         self.frame_addrs.clear();
-        self.symbolize_more(pid, layout, records);
+        self.symbolize_more(pid, layout, raw);
     }
 
     /// [`Resolver::symbolize`], appending to `self.frames`.
-    fn symbolize_more(
-        &mut self,
-        pid: u32,
-        layout: &PyLayout,
-        records: impl Iterator<Item = FrameRecord>,
-    ) {
+    fn symbolize_more(&mut self, pid: u32, layout: &PyLayout, raw: impl Iterator<Item = RawFrame>) {
         // Deep stacks are mostly recursion: a frame running the code object of the frame
         // before it takes that frame's symbol without another cache lookup.
         let mut last: Option<(u64, u64, Option<Arc<CodeInfo>>)> = None;
-        for rec in records {
+        for rec in raw {
             if rec.code == 0 {
                 // A shim frame (C-stack entry, interpreter-owned): not Python code.
                 continue;

@@ -2,7 +2,7 @@
 //! The [`crate::driver`] runs it; each of its jobs lives in its own module:
 //!
 //! - [`crate::registry`]: the interpreters watched (and userspace's side of `PROCS`);
-//! - [`crate::decode`]: ring-buffer records → typed values;
+//! - [`crate::decode`]: raw ring-buffer samples → typed values;
 //! - [`crate::resolve`]: recorded frames → symbolized stacks (completion, symbols, lines);
 //! - [`crate::lifecycle`]: exec/exit notifications → inspections and cleanups;
 //! - [`crate::idle`]: off-CPU stacks from the thread lists (`--idle`);
@@ -402,14 +402,14 @@ impl Session {
         self.sampler.events.take()
     }
 
-    /// Decodes and resolves one sample record, handing it to `sink`.
+    /// Decodes and resolves one raw sample, handing it to `sink`.
     pub fn process_record(
         &mut self,
         bytes: &[u8],
         sink: &mut dyn FnMut(&Resolved, &PythonProcess),
     ) {
         let Some(record) = crate::decode::sample(bytes) else {
-            self.resolver.stats.malformed_records += 1;
+            self.resolver.stats.malformed_samples += 1;
             return;
         };
         let header = &record.header;

@@ -755,23 +755,23 @@ fn check_code_objects(p: &Probe, l: &PyLayout) -> Check {
             data[..table.len()] == table[..] && data[table.len()] == 0,
             || format!("{name}: linetable ob_sval differs"),
         )?;
-        // The kernel's tag window covers the four pointers and is readable.
+        // The kernel's tag span covers the four pointers and is readable.
         let tag = u64::from(l.kernel.code_tag_offset);
         for off in [c.filename, c.name, c.qualname, c.linetable] {
             let off = u64::from(off);
             ensure(off >= tag && off + 8 <= tag + CODE_TAG_BYTES, || {
-                format!("code tag window [{tag}, +32) misses offset {off}")
+                format!("code tag span [{tag}, +32) misses offset {off}")
             })?;
         }
         // ...and ends with co_linetable, so it reaches back as far as it can (over co_version,
         // the per-code-object creation counter, from 3.12 on).
         ensure(tag + CODE_TAG_BYTES == u64::from(c.linetable) + 8, || {
-            format!("code tag window [{tag}, +{CODE_TAG_BYTES}) does not end with co_linetable")
+            format!("code tag span [{tag}, +{CODE_TAG_BYTES}) does not end with co_linetable")
         })?;
         p.mem.read(code + tag, CODE_TAG_BYTES as usize)?;
     }
     Ok(format!(
-        "{} code objects: ob_type, filename/name/qualname (str contents), co_code_adaptive opargs, firstlineno, linetable (bytes size+data), tag window",
+        "{} code objects: ob_type, filename/name/qualname (str contents), co_code_adaptive opargs, firstlineno, linetable (bytes size+data), tag span",
         codes.len()
     ))
 }

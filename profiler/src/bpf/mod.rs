@@ -42,8 +42,8 @@ pub struct KernelStats {
     pub proc_event_drops: u64,
     pub exit_procs_removed: u64,
     pub exit_threads_removed: u64,
-    pub window_limit: u64,
-    pub windows: u64,
+    pub chunk_copy_limit: u64,
+    pub chunk_copies: u64,
     pub new_code: u64,
     pub subsampled: u64,
     /// Samples with a frame-pointer walk of the user stack (`--native`).
@@ -75,7 +75,7 @@ impl DebugBpf {
     pub const OWNERS: u32 = 1 << 0;
     /// Failed reads of target memory, with their addresses.
     pub const READS: u32 = 1 << 1;
-    /// Limits hit (frames, thread walks, stack windows, ring buffer).
+    /// Limits hit (frames, thread walks, chunk copies, ring buffer).
     pub const LIMITS: u32 = 1 << 2;
     /// Layouts that don't validate.
     pub const LAYOUT: u32 = 1 << 3;
@@ -346,8 +346,8 @@ impl Sampler {
             proc_event_drops: sum(stat::PROC_EVENT_DROPS),
             exit_procs_removed: sum(stat::EXIT_PROCS_REMOVED),
             exit_threads_removed: sum(stat::EXIT_THREADS_REMOVED),
-            window_limit: sum(stat::WINDOW_LIMIT),
-            windows: sum(stat::WINDOWS),
+            chunk_copy_limit: sum(stat::CHUNK_COPY_LIMIT),
+            chunk_copies: sum(stat::CHUNK_COPIES),
             new_code: sum(stat::NEW_CODE),
             subsampled: sum(stat::SUBSAMPLED),
             native_frame_pointers: sum(stat::NATIVE_FRAME_POINTERS),

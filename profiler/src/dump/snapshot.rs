@@ -8,9 +8,9 @@
 
 use std::collections::HashMap;
 
-use profiler_common::{FrameRecord, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_MASK, LAYOUT_GIL_RUNTIME};
+use profiler_common::{RawFrame, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_MASK, LAYOUT_GIL_RUNTIME};
 
-use crate::complete::{tag_frames, StackCopy, StackError};
+use crate::complete::{tag_frames, ChunkCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::{Fields, ProcessMemory};
 use crate::python::objects::{frame_locals, Local};
@@ -164,14 +164,14 @@ fn stack(
     tstate: u64,
     mut fields: ThreadFields,
     reads: &mut u64,
-) -> Result<(Vec<FrameRecord>, bool, bool), StackError> {
+) -> Result<(Vec<RawFrame>, bool, bool), StackError> {
     let layout = &proc.layout;
     let mut last = None;
     for _ in 0..MAX_ATTEMPTS {
         if fields.frame == 0 {
             return Ok((Vec::new(), false, true));
         }
-        let copy = StackCopy::read(mem, layout, fields.datastack_chunk, reads)?;
+        let copy = ChunkCopy::read(mem, layout, fields.datastack_chunk, reads)?;
         let walked = copy.walk(mem, layout, fields.frame, MAX_DUMP_FRAMES, reads)?;
         let after = thread_fields(mem, layout, tstate, reads)?;
         let still = after.frame == fields.frame && after.datastack_chunk == fields.datastack_chunk;
@@ -191,7 +191,7 @@ pub(super) fn frame(
     mem: &ProcessMemory,
     proc: &PythonProcess,
     symbols: &mut Symbolizer,
-    rec: &FrameRecord,
+    rec: &RawFrame,
     locals: bool,
 ) -> FrameDump {
     let layout = &proc.layout;

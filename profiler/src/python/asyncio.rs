@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use object::elf::{FileHeader64, SHT_NOBITS};
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 use object::{Endianness, ReadCache, ReadRef};
-use profiler_common::{FrameRecord, MAX_INTERPRETERS, MAX_THREAD_WALK};
+use profiler_common::{RawFrame, MAX_INTERPRETERS, MAX_THREAD_WALK};
 
 use super::code::{read_str, read_tag};
 use super::layout::{CoroutineLayout, PyLayout, PyVersion};
@@ -366,7 +366,7 @@ pub struct TaskInfo {
     /// innermost awaited coroutine's frame first, the task's own coroutine frame
     /// ([`AsyncLayout::coro_frame`]) last. `code` is untagged, `tag` is the code object's tag
     /// (0 when it could not be read), ready for the symbolizer.
-    pub coro_frames: Vec<FrameRecord>,
+    pub coro_frames: Vec<RawFrame>,
     /// The chain was cut at [`MAX_CORO_DEPTH`] or at a cycle.
     pub coro_truncated: bool,
 }
@@ -500,7 +500,7 @@ pub fn coro_chain(
     layout: &PyLayout,
     a: &AsyncLayout,
     coro: u64,
-) -> Result<(Vec<FrameRecord>, bool), AsyncError> {
+) -> Result<(Vec<RawFrame>, bool), AsyncError> {
     let o = &a.coroutines;
     let k = &layout.kernel;
     let mask = k.executable_mask;
@@ -537,7 +537,7 @@ pub fn coro_chain(
         }
         let instr = at(k.frame_instr_ptr)?;
         let tag = read_tag(mem, layout, code).unwrap_or(0);
-        frames.push(FrameRecord {
+        frames.push(RawFrame {
             frame: a.coro_frame(gen),
             code,
             instr,

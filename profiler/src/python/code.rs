@@ -59,7 +59,7 @@ fn code_read_len(layout: &PyLayout) -> usize {
 }
 
 /// The tag the kernel computes for a code object, from a copy of its first bytes (which must
-/// cover the tag window); reads the `tag_deref_ptr` word from the target when the layout has one.
+/// cover the tag span); reads the `tag_deref_ptr` word from the target when the layout has one.
 pub fn code_tag(mem: &ProcessMemory, layout: &PyLayout, code_bytes: &[u8]) -> Result<u64> {
     let k = &layout.kernel;
     let start = k.code_tag_offset as usize;
@@ -82,7 +82,7 @@ pub fn code_tag(mem: &ProcessMemory, layout: &PyLayout, code_bytes: &[u8]) -> Re
     Ok(fold_tag(&words, deref))
 }
 
-/// The current tag of the code object at `code` (reads its tag window).
+/// The current tag of the code object at `code` (reads its tag span).
 pub fn read_tag(mem: &ProcessMemory, layout: &PyLayout, code: u64) -> Result<u64> {
     let end = layout.kernel.code_tag_offset as usize + CODE_TAG_BYTES;
     let end = end.max(layout.kernel.tag_deref_ptr as usize + 8);

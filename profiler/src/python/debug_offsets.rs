@@ -875,7 +875,7 @@ mod tests {
     fn code_field_at_the_top_of_u16_does_not_overflow() {
         // Found by `cargo xtask fuzz debug_offsets`: a 3.15 struct with a `code_object` field
         // at 0xfff8 or above (inside a code object claimed that large) made the end of the
-        // tag window, `offset + 8`, overflow u16.
+        // tag span, `offset + 8`, overflow u16.
         let input = include_bytes!("../../tests/fixtures/fuzz/debug_offsets-code-field-at-u16-max");
         let _ = parse(input);
     }

@@ -39,7 +39,7 @@ pub(crate) const CHUNK_DATA: u16 = 24;
 const GIL_LAST_HOLDER: u16 = 8;
 const GIL_LOCKED: u16 = 16;
 
-/// Start of the code-object window folded into a frame's tag: it ends with `co_linetable` and
+/// Start of the code-object span folded into a frame's tag: it ends with `co_linetable` and
 /// reaches back over `co_filename`, `co_name`, `co_qualname` and, from 3.12 on, `co_version`
 /// (a counter stamped on every code object created), so a new code object at a freed one's
 /// address gets a new tag even when its strings reuse the old addresses too.

@@ -195,7 +195,7 @@ fn finish(
     } else {
         0.0
     };
-    let errors = kernel.read_errors + st.unknown_frames + st.malformed_records;
+    let errors = kernel.read_errors + st.unknown_frames + st.malformed_samples;
     let summary = format!(
         "{} samples from {} process{} in {:.1}s, {:.1}% truncated, {} errors, {} dropped",
         st.samples,

@@ -41,7 +41,7 @@ pub struct Snapshot {
     /// Share of all CPU samples in the interval that were Python samples (None: no samples).
     pub python_share: Option<f64>,
     /// Samples lost because the ring buffer was full: in the interval, and since start.
-    pub dropped_window: u64,
+    pub dropped_interval: u64,
     pub dropped_total: u64,
     /// Something to tell the user, such as "every target exited".
     pub note: Option<String>,
@@ -52,7 +52,7 @@ impl Snapshot {
     pub fn summary(&self) -> String {
         let secs = self.interval.as_secs_f64();
         let rate = if secs > 0.0 {
-            self.counted.window_samples as f64 / secs
+            self.counted.interval_samples as f64 / secs
         } else {
             0.0
         };
@@ -66,7 +66,7 @@ impl Snapshot {
             if self.processes == 1 { "" } else { "es" },
             self.counted.threads,
             if self.counted.threads == 1 { "" } else { "s" },
-            self.dropped_window,
+            self.dropped_interval,
             self.dropped_total,
             self.elapsed.as_secs_f64(),
         )
@@ -78,14 +78,14 @@ const PROCESS_WIDTH: usize = text::WIDTHS[4];
 
 /// A row's cells in display order: %Own, %Total, OwnTime, TotalTime, Process, Function.
 pub fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
-    let window = snap.counted.window_samples;
+    let interval = snap.counted.interval_samples;
     let mut process = format!("{} {}", row.key.pid, row.command);
     if process.chars().count() > PROCESS_WIDTH {
         process = process.chars().take(PROCESS_WIDTH - 1).collect::<String>() + "…";
     }
     [
-        format!("{:.1}%", table::percent(row.own_window, window)),
-        format!("{:.1}%", table::percent(row.total_window, window)),
+        format!("{:.1}%", table::percent(row.own_interval, interval)),
+        format!("{:.1}%", table::percent(row.total_interval, interval)),
         table::format_time(row.own, snap.rate_hz),
         table::format_time(row.total, snap.rate_hz),
         process,
@@ -161,7 +161,7 @@ struct Viewer {
     pids: Vec<u32>,
     rate_hz: u64,
     started: Instant,
-    window_started: Instant,
+    interval_started: Instant,
     last_samples: u64,
     last_events: u64,
     last_drops: u64,
@@ -184,19 +184,19 @@ impl Viewer {
         let python_share = (events > 0)
             .then(|| (samples.saturating_sub(self.last_samples) as f64 / events as f64).min(1.0));
         let snap = Snapshot {
-            counted: self.counter.table.end_window(),
-            interval: now - self.window_started,
+            counted: self.counter.table.end_interval(),
+            interval: now - self.interval_started,
             elapsed: now - self.started,
             rate_hz: self.rate_hz,
             processes: session.watched().count(),
             python_share,
-            dropped_window: kernel.ringbuf_drops.saturating_sub(self.last_drops),
+            dropped_interval: kernel.ringbuf_drops.saturating_sub(self.last_drops),
             dropped_total: kernel.ringbuf_drops,
             note: self
                 .all_exited()
                 .then(|| "every target process exited".to_string()),
         };
-        self.window_started = now;
+        self.interval_started = now;
         self.last_samples = samples;
         self.last_events = kernel.events;
         self.last_drops = kernel.ringbuf_drops;
@@ -323,7 +323,7 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         pids: args.targets.pids.clone(),
         rate_hz: args.targets.rate,
         started: now,
-        window_started: now,
+        interval_started: now,
         last_samples: session.stats().samples,
         last_events: kernel.events,
         last_drops: kernel.ringbuf_drops,

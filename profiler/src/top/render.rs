@@ -470,7 +470,7 @@ mod tests {
             &[f("calm", 20), f("<module>", 1)],
         );
         Snapshot {
-            counted: t.end_window(),
+            counted: t.end_interval(),
             interval: Duration::from_secs(1),
             elapsed: Duration::from_secs(3),
             rate_hz: 100,

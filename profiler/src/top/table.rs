@@ -73,8 +73,8 @@ impl RowKey {
 struct Counts {
     own: u64,
     total: u64,
-    own_window: u64,
-    total_window: u64,
+    own_interval: u64,
+    total_interval: u64,
 }
 
 /// Rows of one granularity.
@@ -102,20 +102,20 @@ impl Level {
         let Some(&leaf) = ids.first() else { return };
         let own = &mut self.counts[leaf as usize];
         own.own += 1;
-        own.own_window += 1;
+        own.own_interval += 1;
         ids.sort_unstable();
         ids.dedup();
         for &id in ids.iter() {
             let c = &mut self.counts[id as usize];
             c.total += 1;
-            c.total_window += 1;
+            c.total_interval += 1;
         }
     }
 
-    fn end_window(&mut self) {
+    fn end_interval(&mut self) {
         for c in &mut self.counts {
-            c.own_window = 0;
-            c.total_window = 0;
+            c.own_interval = 0;
+            c.total_interval = 0;
         }
     }
 
@@ -140,8 +140,8 @@ impl Level {
             .map(|(key, c)| Row {
                 key: key.clone(),
                 command: commands.get(&key.pid).cloned().unwrap_or_else(|| "".into()),
-                own_window: c.own_window,
-                total_window: c.total_window,
+                own_interval: c.own_interval,
+                total_interval: c.total_interval,
                 own: c.own,
                 total: c.total,
             })
@@ -155,9 +155,9 @@ pub struct Table {
     functions: Level,
     lines: Level,
     commands: HashMap<u32, Arc<str>>,
-    window_samples: u64,
+    interval_samples: u64,
     samples: u64,
-    window_threads: HashSet<(u32, u32)>,
+    interval_threads: HashSet<(u32, u32)>,
     ids: Vec<u32>,
 }
 
@@ -169,8 +169,8 @@ impl Table {
         }
         self.commands.entry(pid).or_insert_with(|| command.into());
         self.samples += 1;
-        self.window_samples += 1;
-        self.window_threads.insert((pid, tid));
+        self.interval_samples += 1;
+        self.interval_threads.insert((pid, tid));
         let mut ids = std::mem::take(&mut self.ids);
         for (level, granularity) in [
             (&mut self.functions, Granularity::Function),
@@ -202,18 +202,18 @@ impl Table {
     }
 
     /// The rows as they are now, and starts a new interval.
-    pub fn end_window(&mut self) -> Counted {
+    pub fn end_interval(&mut self) -> Counted {
         let counted = Counted {
             functions: self.functions.rows(&self.commands),
             lines: self.lines.rows(&self.commands),
-            window_samples: self.window_samples,
+            interval_samples: self.interval_samples,
             samples: self.samples,
-            threads: self.window_threads.len(),
+            threads: self.interval_threads.len(),
         };
-        self.functions.end_window();
-        self.lines.end_window();
-        self.window_samples = 0;
-        self.window_threads.clear();
+        self.functions.end_interval();
+        self.lines.end_interval();
+        self.interval_samples = 0;
+        self.interval_threads.clear();
         counted
     }
 }
@@ -224,8 +224,8 @@ pub struct Row {
     pub key: RowKey,
     /// Short command line of the process.
     pub command: Arc<str>,
-    pub own_window: u64,
-    pub total_window: u64,
+    pub own_interval: u64,
+    pub total_interval: u64,
     pub own: u64,
     pub total: u64,
 }
@@ -236,7 +236,7 @@ pub struct Counted {
     pub functions: Vec<Row>,
     pub lines: Vec<Row>,
     /// Python samples in the interval.
-    pub window_samples: u64,
+    pub interval_samples: u64,
     /// Python samples since start.
     pub samples: u64,
     /// Distinct threads sampled in the interval.
@@ -380,8 +380,8 @@ impl ViewOptions {
 
 fn compare(column: Column, a: &Row, b: &Row) -> Ordering {
     match column {
-        Column::Own => a.own_window.cmp(&b.own_window),
-        Column::Total => a.total_window.cmp(&b.total_window),
+        Column::Own => a.own_interval.cmp(&b.own_interval),
+        Column::Total => a.total_interval.cmp(&b.total_interval),
         Column::OwnTime => a.own.cmp(&b.own),
         Column::TotalTime => a.total.cmp(&b.total),
         Column::Process => a.key.pid.cmp(&b.key.pid),
@@ -414,7 +414,7 @@ pub fn view<'a>(counted: &'a Counted, opts: &ViewOptions) -> Vec<&'a Row> {
         };
         // Ties: the busiest first, then a stable order by name and process.
         primary
-            .then_with(|| b.own_window.cmp(&a.own_window))
+            .then_with(|| b.own_interval.cmp(&a.own_interval))
             .then_with(|| b.total.cmp(&a.total))
             .then_with(|| compare(Column::Function, a, b))
             .then_with(|| a.key.pid.cmp(&b.key.pid))
@@ -476,11 +476,11 @@ mod tests {
             t.add(1, 1, "python app.py", &stack);
         }
         t.add(1, 1, "python app.py", &stack[1..]);
-        let c = t.end_window();
-        assert_eq!(c.window_samples, 4);
+        let c = t.end_interval();
+        assert_eq!(c.interval_samples, 4);
         let leaf = find(&c.functions, 1, "leaf");
         assert_eq!(
-            (leaf.own, leaf.total, leaf.own_window, leaf.total_window),
+            (leaf.own, leaf.total, leaf.own_interval, leaf.total_interval),
             (3, 3, 3, 3)
         );
         let mid = find(&c.functions, 1, "mid");
@@ -502,7 +502,7 @@ mod tests {
         ];
         t.add(7, 7, "py", &stack);
         t.add(7, 7, "py", &stack);
-        let c = t.end_window();
+        let c = t.end_interval();
         let fib = find(&c.functions, 7, "fib");
         assert_eq!((fib.own, fib.total), (2, 2));
         // Per line: line 5 appears twice in each stack but counts once.
@@ -510,7 +510,7 @@ mod tests {
         assert_eq!((line5.own, line5.total), (0, 2));
         let line4 = c.lines.iter().find(|r| r.key.line == 4).unwrap();
         assert_eq!((line4.own, line4.total), (2, 2));
-        assert!(percent(fib.total_window, c.window_samples) <= 100.0);
+        assert!(percent(fib.total_interval, c.interval_samples) <= 100.0);
     }
 
     #[test]
@@ -519,7 +519,7 @@ mod tests {
         t.add(1, 1, "py", &[loc("f", 10, 11)]);
         t.add(1, 1, "py", &[loc("f", 10, 12)]);
         t.add(1, 1, "py", &[loc("f", 10, 12)]);
-        let c = t.end_window();
+        let c = t.end_interval();
         assert_eq!(c.functions.len(), 1);
         assert_eq!(c.functions[0].own, 3);
         assert_eq!(c.functions[0].key.line, 10);
@@ -530,22 +530,22 @@ mod tests {
     }
 
     #[test]
-    fn windows_reset_but_cumulative_counts_stay() {
+    fn intervals_reset_but_cumulative_counts_stay() {
         let mut t = Table::default();
         t.add(1, 1, "py", &[loc("a", 1, 1)]);
         t.add(1, 2, "py", &[loc("a", 1, 1)]);
-        let first = t.end_window();
+        let first = t.end_interval();
         assert_eq!(first.threads, 2);
         t.add(1, 1, "py", &[loc("b", 5, 5)]);
-        let second = t.end_window();
+        let second = t.end_interval();
         assert_eq!(
-            (second.window_samples, second.samples, second.threads),
+            (second.interval_samples, second.samples, second.threads),
             (1, 3, 1)
         );
         let a = find(&second.functions, 1, "a");
-        assert_eq!((a.own_window, a.own), (0, 2));
+        assert_eq!((a.own_interval, a.own), (0, 2));
         let b = find(&second.functions, 1, "b");
-        assert_eq!((b.own_window, b.own), (1, 1));
+        assert_eq!((b.own_interval, b.own), (1, 1));
     }
 
     #[test]
@@ -553,11 +553,11 @@ mod tests {
         let mut t = Table::default();
         t.add(1, 1, "python one.py", &[loc("f", 1, 1)]);
         t.add(2, 2, "python two.py", &[loc("f", 1, 1)]);
-        let c = t.end_window();
+        let c = t.end_interval();
         assert_eq!(c.functions.len(), 2);
         t.forget(1);
         t.add(2, 2, "python two.py", &[loc("f", 1, 1)]);
-        let c = t.end_window();
+        let c = t.end_interval();
         assert_eq!(c.functions.len(), 1);
         assert_eq!(c.functions[0].key.pid, 2);
         assert_eq!(c.functions[0].own, 2);
@@ -568,7 +568,7 @@ mod tests {
     fn empty_samples_are_ignored() {
         let mut t = Table::default();
         t.add(1, 1, "py", &[]);
-        let c = t.end_window();
+        let c = t.end_interval();
         assert_eq!(c.samples, 0);
         assert!(c.functions.is_empty());
     }
@@ -601,7 +601,7 @@ mod tests {
             "python3 other.py",
             &[loc("caller", 4, 6), loc("<module>", 1, 9)],
         );
-        t.end_window()
+        t.end_interval()
     }
 
     fn names(rows: &[&Row]) -> Vec<String> {

@@ -85,13 +85,13 @@ mod tests {
         }
         t.add(42, 42, "python3 app.py", &[f("<module>", 1)]);
         let snap = Snapshot {
-            counted: t.end_window(),
+            counted: t.end_interval(),
             interval: Duration::from_secs(1),
             elapsed: Duration::from_secs(1),
             rate_hz: 100,
             processes: 1,
             python_share: Some(0.5),
-            dropped_window: 0,
+            dropped_interval: 0,
             dropped_total: 0,
             note: None,
         };
