@@ -28,19 +28,19 @@ use crate::python::layout::PyLayout;
 use crate::resolve::Mixed;
 
 /// How long a task read stays usable.
-pub const CACHE_TTL: Duration = Duration::from_millis(250);
+pub(crate) const CACHE_TTL: Duration = Duration::from_millis(250);
 /// Tasks cached over all processes before the cache is emptied.
-pub const MAX_CACHED_TASKS: usize = 4096;
+pub(crate) const MAX_CACHED_TASKS: usize = 4096;
 /// Tasks followed from the running one to its root.
-pub const MAX_CHAIN: usize = 64;
+pub(crate) const MAX_CHAIN: usize = 64;
 /// How often a process whose `_asyncio` module was not found is looked at again.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// Processes remembered as already told about (`--async` unsupported).
 const MAX_WARNED: usize = 65536;
 
 /// `--async` counters (`record`'s summary and `--stats-json`).
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct AsyncStats {
+pub(crate) struct AsyncStats {
     /// Kernel samples taken while a task ran, in processes with the async view.
     pub task_samples: u64,
     /// Samples rewritten with `<task …>` frames.
@@ -68,7 +68,7 @@ pub struct AsyncStats {
 
 /// What the async view knows about one process.
 #[derive(Clone, Debug)]
-pub enum ProcessAsync {
+pub(crate) enum ProcessAsync {
     Ready(AsyncLayout),
     /// 3.14+ but the module was not found yet: look again at `next_try`.
     Pending {
@@ -85,7 +85,7 @@ struct Cached {
 }
 
 /// A running task's chain to its root, as read.
-pub struct Chain {
+pub(crate) struct Chain {
     /// Running task first, root (or where the chain was cut) last.
     pub tasks: Vec<(Arc<TaskInfo>, Arc<str>)>,
     /// Why the chain ends before a root task, if it does.
@@ -93,7 +93,7 @@ pub struct Chain {
 }
 
 #[derive(Default)]
-pub struct Awaiters {
+pub(crate) struct Awaiters {
     procs: FxHashMap<u32, ProcessAsync>,
     cache: FxHashMap<(u32, u64), Cached>,
     filled: Option<Instant>,
@@ -103,7 +103,7 @@ pub struct Awaiters {
 
 impl Awaiters {
     /// Records what is known about `pid`'s async view.
-    pub fn set(&mut self, pid: u32, state: ProcessAsync) {
+    pub(crate) fn set(&mut self, pid: u32, state: ProcessAsync) {
         match &state {
             ProcessAsync::Ready(_) => self.stats.processes += 1,
             ProcessAsync::Off => {}
@@ -122,14 +122,14 @@ impl Awaiters {
     }
 
     /// True the first time it is asked for `pid` (to say something once per process).
-    pub fn first_warning(&mut self, pid: u32) -> bool {
+    pub(crate) fn first_warning(&mut self, pid: u32) -> bool {
         if self.warned.len() >= MAX_WARNED {
             self.warned.clear();
         }
         self.warned.insert(pid)
     }
 
-    pub fn layout(&self, pid: u32) -> Option<&AsyncLayout> {
+    pub(crate) fn layout(&self, pid: u32) -> Option<&AsyncLayout> {
         match self.procs.get(&pid) {
             Some(ProcessAsync::Ready(a)) => Some(a),
             _ => None,
@@ -137,7 +137,7 @@ impl Awaiters {
     }
 
     /// Processes whose module is to be looked for again now.
-    pub fn due(&mut self, now: Instant) -> Vec<u32> {
+    pub(crate) fn due(&mut self, now: Instant) -> Vec<u32> {
         let mut due = Vec::new();
         for (&pid, state) in self.procs.iter_mut() {
             if let ProcessAsync::Pending { next_try } = state {
@@ -150,14 +150,14 @@ impl Awaiters {
         due
     }
 
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.procs.remove(&pid);
         self.cache.retain(|&(p, _), _| p != pid);
         self.count_pending();
     }
 
     /// Drops every cached task (at each drain's housekeeping: chains change).
-    pub fn expire(&mut self) {
+    pub(crate) fn expire(&mut self) {
         self.cache.clear();
         self.filled = None;
     }
@@ -207,7 +207,7 @@ impl Awaiters {
 
     /// The chain from `running` to its root task; `None` when the running task itself could
     /// not be read.
-    pub fn chain(
+    pub(crate) fn chain(
         &mut self,
         pid: u32,
         layout: &PyLayout,
@@ -256,7 +256,7 @@ impl Awaiters {
 /// `tasks`, each awaiter's frames (`Mixed::Python` of the ranges, leaf first) before its
 /// name; `cut` ends a chain that stops before its root. `None` when `base` has no
 /// `Mixed::Python(k)`.
-pub fn splice(
+pub(crate) fn splice(
     base: &[Mixed],
     k: usize,
     tasks: &[(Arc<str>, Range<usize>)],
@@ -281,7 +281,7 @@ pub fn splice(
 }
 
 /// Whether a failed layout lookup means "look again later" (the module is not there yet).
-pub fn retry_later(e: &AsyncError) -> bool {
+pub(crate) fn retry_later(e: &AsyncError) -> bool {
     matches!(e, AsyncError::NotFound { .. })
 }
 

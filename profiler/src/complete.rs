@@ -38,7 +38,7 @@ const MAX_TAILS: usize = 4096;
 /// Why a stack could not be copied, walked or completed. `Read(Gone)` (the target exited)
 /// stays apart from garbage in its memory.
 #[derive(Debug, thiserror::Error)]
-pub enum StackError {
+pub(crate) enum StackError {
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error("short {0}")]
@@ -98,7 +98,7 @@ struct Chunk {
 
 impl Completer {
     /// Counts a sample the kernel recorded whole.
-    pub fn kernel_complete(&mut self) {
+    pub(crate) fn kernel_complete(&mut self) {
         self.stats.kernel += 1;
     }
 
@@ -153,11 +153,12 @@ impl Completer {
     }
 
     /// Drops the cached tails of an exited process.
-    pub fn forget_process(&mut self, pid: u32) {
+    pub(crate) fn forget_process(&mut self, pid: u32) {
         self.tails.retain(|k, _| k.pid != pid);
     }
 
-    pub fn cached_tails(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn cached_tails(&self) -> usize {
         self.tails.len()
     }
 

@@ -8,7 +8,7 @@
 use profiler_common::{RawFrame, SampleHeader, NATIVE_FRAME_POINTERS, NATIVE_STACK_COPY};
 
 /// One sample as the kernel recorded it.
-pub struct RawSample<'a> {
+pub(crate) struct RawSample<'a> {
     pub header: SampleHeader,
     frames: &'a [u8],
     native: &'a [u8],
@@ -16,7 +16,7 @@ pub struct RawSample<'a> {
 
 /// The user stack captured with a sample (`--native`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NativeCapture<'a> {
+pub(crate) enum NativeCapture<'a> {
     /// The kernel's frame-pointer walk: (ip, sp) pairs, leaf first, ending in (0, 0) when
     /// the chain was whole (16 bytes each).
     FramePointers(&'a [u8]),
@@ -31,7 +31,7 @@ pub enum NativeCapture<'a> {
 
 impl<'a> NativeCapture<'a> {
     /// The frame-pointer walk's (ip, sp) pairs.
-    pub fn pairs(bytes: &'a [u8]) -> impl Iterator<Item = (u64, u64)> + 'a {
+    pub(crate) fn pairs(bytes: &'a [u8]) -> impl Iterator<Item = (u64, u64)> + 'a {
         let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap_or_default());
         bytes
             .chunks_exact(16)
@@ -41,14 +41,14 @@ impl<'a> NativeCapture<'a> {
 
 impl RawSample<'_> {
     /// The recorded frames, leaf first (shim frames have `code == 0`).
-    pub fn frames(&self) -> impl Iterator<Item = RawFrame> + '_ {
+    pub(crate) fn frames(&self) -> impl Iterator<Item = RawFrame> + '_ {
         self.frames
             .chunks_exact(size_of::<RawFrame>())
             .map(bytemuck::pod_read_unaligned::<RawFrame>)
     }
 
     /// The native part, when the sample has one.
-    pub fn native(&self) -> Option<NativeCapture<'_>> {
+    pub(crate) fn native(&self) -> Option<NativeCapture<'_>> {
         let [ip, sp, bp] = self.header.regs;
         match self.header.native as u32 {
             _ if self.native.is_empty() => None,
@@ -64,13 +64,13 @@ impl RawSample<'_> {
     }
 
     /// Whether recorded frame `index` is an eval loop's entry frame.
-    pub fn is_entry(&self, index: usize) -> bool {
+    pub(crate) fn is_entry(&self, index: usize) -> bool {
         index < 128 && self.header.entry_bits[index / 64] & (1 << (index % 64)) != 0
     }
 }
 
 /// Decodes a raw sample; `None` when it is shorter than its header says.
-pub fn sample(bytes: &[u8]) -> Option<RawSample<'_>> {
+pub(crate) fn sample(bytes: &[u8]) -> Option<RawSample<'_>> {
     let header_len = size_of::<SampleHeader>();
     let header: SampleHeader = bytemuck::pod_read_unaligned(bytes.get(..header_len)?);
     let frames_len = (header.nframes as usize).checked_mul(size_of::<RawFrame>())?;

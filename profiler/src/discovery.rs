@@ -26,7 +26,7 @@ pub struct Mapping {
 
 /// An interpreter process ready to be registered with the kernel.
 #[derive(Clone, Debug)]
-pub struct PythonProcess {
+pub(crate) struct PythonProcess {
     pub pid: u32,
     /// Short command line, e.g. `python3.12 app.py`.
     pub command: String,
@@ -48,7 +48,7 @@ pub struct PythonProcess {
 impl PythonProcess {
     /// `(1234)`, or `(1234, ns pid 7, container 0123456789ab)` for a namespaced process:
     /// the suffix of the process's label in profiles.
-    pub fn id_label(&self) -> String {
+    pub(crate) fn id_label(&self) -> String {
         let mut label = format!("({}", self.pid);
         if let Some(ns) = self.ns_pid {
             label.push_str(&format!(", ns pid {ns}"));
@@ -63,7 +63,7 @@ impl PythonProcess {
 
 /// The innermost pid of `pid` (last `NSpid:` field of `/proc/PID/status`), when the process
 /// lives in a pid namespace below ours.
-pub fn namespace_pid(pid: u32) -> Option<u32> {
+pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_nspid(&status)
 }
@@ -81,7 +81,7 @@ fn parse_nspid(status: &str) -> Option<u32> {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum DiscoveryError {
+pub(crate) enum DiscoveryError {
     #[error("no process with pid {pid}{}", absent_hint(*pid, .namesakes))]
     NoSuchProcess {
         pid: u32,
@@ -136,7 +136,7 @@ pub enum DiscoveryError {
 impl DiscoveryError {
     /// True when the process simply isn't (or is no longer) an interpreter: not worth a warning
     /// in a system-wide scan.
-    pub fn is_benign(&self) -> bool {
+    pub(crate) fn is_benign(&self) -> bool {
         matches!(
             self,
             DiscoveryError::NoSuchProcess { .. }
@@ -147,7 +147,7 @@ impl DiscoveryError {
     }
 
     /// The process is gone (exited, or exiting): nothing to retry.
-    pub fn is_gone(&self) -> bool {
+    pub(crate) fn is_gone(&self) -> bool {
         matches!(
             self,
             DiscoveryError::NoSuchProcess { .. } | DiscoveryError::Zombie { .. }
@@ -229,7 +229,7 @@ fn unreadable_fix(err: &std::io::Error, pid: u32, file: &str) -> String {
     )
 }
 
-pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
+pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     Ok(text.lines().filter_map(parse_maps_line).collect())
 }
@@ -255,7 +255,7 @@ pub(crate) fn parse_maps_line(line: &str) -> Option<Mapping> {
 }
 
 /// `python3.12 app.py`-style short command line (basename of argv[0] plus the first argument).
-pub fn short_command(pid: u32) -> String {
+pub(crate) fn short_command(pid: u32) -> String {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let mut args = cmdline
         .split(|&b| b == 0)
@@ -292,12 +292,12 @@ fn is_candidate(path: &str, exe: &str) -> bool {
 }
 
 /// Finds the CPython runtime of `pid` and its layout.
-pub fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
+pub(crate) fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
     inspect_maps(pid, elves, None)
 }
 
 /// [`inspect`], given the text of `/proc/PID/maps` when the caller already read it.
-pub fn inspect_maps(
+pub(crate) fn inspect_maps(
     pid: u32,
     elves: &ElfCache,
     maps_text: Option<String>,
@@ -397,7 +397,10 @@ fn identity_of(pid: u32, version: &str, command: &str) -> ProcessLabels {
 /// [`inspect`] for a pid the user named (`-p`): also refuses a thread id, and when the pid is
 /// wrong names the processes known by that pid inside containers, which the user may have
 /// meant.
-pub fn inspect_requested(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
+pub(crate) fn inspect_requested(
+    pid: u32,
+    elves: &ElfCache,
+) -> Result<PythonProcess, DiscoveryError> {
     if let Some(tgid) = crate::procfs::tgid(pid).filter(|&tgid| tgid != pid) {
         return Err(DiscoveryError::Thread {
             tid: pid,
@@ -423,7 +426,7 @@ pub fn inspect_requested(pid: u32, elves: &ElfCache) -> Result<PythonProcess, Di
 /// A path through which this process can open a file `pid` maps. `/proc/PID/map_files`
 /// names the mapped file itself, whatever namespace or chroot the path in `maps` is relative
 /// to; the process's root directory is the fallback.
-pub fn openable_path(pid: u32, maps: &[Mapping], path: &str) -> PathBuf {
+pub(crate) fn openable_path(pid: u32, maps: &[Mapping], path: &str) -> PathBuf {
     if let Some(m) = maps.iter().find(|m| m.path == path) {
         let direct = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
         if direct.exists() {
@@ -438,7 +441,7 @@ pub fn openable_path(pid: u32, maps: &[Mapping], path: &str) -> PathBuf {
 }
 
 /// The path of a file as `pid` sees it, reachable from here (through its root, for containers).
-pub fn host_path(pid: u32, path: &str) -> PathBuf {
+pub(crate) fn host_path(pid: u32, path: &str) -> PathBuf {
     Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'))
 }
 
@@ -505,7 +508,7 @@ fn layout_of(
 }
 
 /// Every pid under `/proc`, except this process.
-pub fn all_pids() -> Vec<u32> {
+pub(crate) fn all_pids() -> Vec<u32> {
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -517,12 +520,12 @@ pub fn all_pids() -> Vec<u32> {
 }
 
 /// Does any mapped file look like Python (`python3.12`, `libpython3.12.so`, ...)?
-pub fn mentions_python(maps: &[Mapping]) -> bool {
+pub(crate) fn mentions_python(maps: &[Mapping]) -> bool {
     maps.iter().any(|m| basename(&m.path).contains("python"))
 }
 
 /// Cheap pre-filter for system-wide scans: does anything mapped look like Python?
-pub fn python_maps(pid: u32) -> Option<String> {
+pub(crate) fn python_maps(pid: u32) -> Option<String> {
     crate::procfs::python_maps(pid).ok().flatten()
 }
 

@@ -30,7 +30,7 @@ use crate::UsageError;
 /// wakes userspace only when the buffer fills up, for a young process's samples and for
 /// samples running code new to the sampler (what must be read before it may be freed);
 /// everything else can wait, and every wake-up costs a context switch.
-pub const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 /// System-wide runs look for new interpreters this often (exec events find most of them at
 /// once; the scan catches processes that `dlopen` libpython late or whose event was lost).
 const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
@@ -39,7 +39,7 @@ const CHILD_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a run profiles.
 #[derive(Clone, Debug)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Every Python process on the host, including ones that start later.
     Host,
     /// These processes (and what they exec into).
@@ -50,7 +50,7 @@ pub enum Scope {
 
 /// How a run is set up.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub(crate) struct Options {
     pub scope: Scope,
     pub rate_hz: u64,
     pub debug: DebugBpf,
@@ -78,14 +78,14 @@ pub struct Options {
 
 /// Whether a sink wants the run to go on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
+pub(crate) enum Flow {
     Continue,
     Stop,
 }
 
 /// Why a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// `--duration` passed.
     Duration,
     /// Every `-p` target exited.
@@ -105,7 +105,7 @@ pub enum Stop {
 
 /// Where the driver's samples and process changes go: `record`'s aggregator, `top`'s table,
 /// the agent's windows.
-pub trait Sink {
+pub(crate) trait Sink {
     /// What [`Sink::input`] delivers (top's key events); `Infallible` for sinks without input.
     type Input;
 
@@ -144,7 +144,7 @@ pub trait Sink {
 }
 
 /// How a run ended, and what the caller still has to finish.
-pub struct Ended {
+pub(crate) struct Ended {
     pub stop: Stop,
     pub elapsed: Duration,
     /// The launched command, still running when the run ended for another reason: wait for
@@ -155,7 +155,7 @@ pub struct Ended {
 impl Ended {
     /// Waits for a launched command that outlived the run; its exit code. A command stopped
     /// by SIGTERM/SIGHUP did not get that signal (it was sent to pyebpf), so it is passed on.
-    pub async fn wait_command(&mut self, what: &str) -> Option<i32> {
+    pub(crate) async fn wait_command(&mut self, what: &str) -> Option<i32> {
         match self.stop {
             Stop::CommandExited(code) | Stop::CommandNotProfiled(code) => return Some(code),
             _ => {}
@@ -171,7 +171,7 @@ impl Ended {
 
 /// Starts the session for `options`: the BPF programs loaded and the first targets
 /// registered. Separate from [`run`] so that a caller can look at the session first.
-pub fn start(options: &Options) -> Result<Session> {
+pub(crate) fn start(options: &Options) -> Result<Session> {
     let mut session = Session::start(
         options.rate_hz,
         options.debug,
@@ -198,7 +198,11 @@ pub fn start(options: &Options) -> Result<Session> {
 
 /// Runs until a stop condition; the sink sees everything sampled until then, the last
 /// queued samples included.
-pub async fn run<S: Sink>(options: &Options, session: &mut Session, sink: &mut S) -> Result<Ended> {
+pub(crate) async fn run<S: Sink>(
+    options: &Options,
+    session: &mut Session,
+    sink: &mut S,
+) -> Result<Ended> {
     // Service managers stop with SIGTERM and a closed terminal sends SIGHUP: both end a run
     // like Ctrl-C, with its output written. Installed before anything slow.
     use tokio::signal::unix::{signal, SignalKind};

@@ -29,7 +29,7 @@ pub struct PythonElf {
 /// %rsp,%rbp`, after an optional `endbr64`. A function built with `-fomit-frame-pointer`
 /// (GCC's default at -O2 before PEP 831 asked CPython for `-fno-omit-frame-pointer`) starts
 /// with anything else, typically pushes of callee-saved registers.
-pub fn keeps_frame_pointer(code: &[u8]) -> bool {
+pub(crate) fn keeps_frame_pointer(code: &[u8]) -> bool {
     const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
     let code = code.strip_prefix(&ENDBR64[..]).unwrap_or(code);
     // push %rbp, then mov %rsp,%rbp in either encoding (48 89 e5 / 48 8b ec).
@@ -124,7 +124,7 @@ type FileKey = (u64, u64, u64, i64);
 
 /// Parse results by file: one parse per distinct binary.
 #[derive(Default)]
-pub struct ElfCache {
+pub(crate) struct ElfCache {
     entries: Mutex<HashMap<FileKey, Option<PythonElf>>>,
 }
 
@@ -132,7 +132,7 @@ pub struct ElfCache {
 const ELF_CACHE_LIMIT: usize = 1024;
 
 impl ElfCache {
-    pub fn get(&self, path: &PathBuf) -> Result<Option<PythonElf>> {
+    pub(crate) fn get(&self, path: &PathBuf) -> Result<Option<PythonElf>> {
         let meta = std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
         let key = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
         if let Some(hit) = self.entries.lock().unwrap().get(&key) {

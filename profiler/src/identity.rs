@@ -37,27 +37,27 @@ use std::io::Read;
 
 /// Bytes read from `/proc/PID/environ` and `/proc/PID/cmdline`. Environments in containers
 /// are a few KiB; the variables that matter are usually set by the orchestrator and come early.
-pub const PROC_READ_CAP: usize = 64 * 1024;
+pub(crate) const PROC_READ_CAP: usize = 64 * 1024;
 /// Bytes read from `/proc/PID/cgroup` (one line per hierarchy, a few hundred bytes each).
 const CGROUP_READ_CAP: usize = 16 * 1024;
 /// Command-line arguments looked at when naming a program.
-pub const MAX_ARGS: usize = 256;
+pub(crate) const MAX_ARGS: usize = 256;
 /// A service name derived from another process's data is cut to this many bytes (at a
 /// character boundary): a name is for people to read, and the backend keeps it per series.
-pub const MAX_DERIVED_VALUE: usize = 256;
+pub(crate) const MAX_DERIVED_VALUE: usize = 256;
 /// Pyroscope's default `validation.max-label-name-length`.
-pub const MAX_LABEL_NAME: usize = 1024;
+pub(crate) const MAX_LABEL_NAME: usize = 1024;
 /// Pyroscope's default `validation.max-label-value-length`.
-pub const MAX_LABEL_VALUE: usize = 2048;
+pub(crate) const MAX_LABEL_VALUE: usize = 2048;
 /// Pyroscope's default `validation.max-label-names-per-series`; a series with more is refused.
-pub const MAX_LABELS_PER_SERIES: usize = 30;
+pub(crate) const MAX_LABELS_PER_SERIES: usize = 30;
 /// The series name Pyroscope files CPU profiles of processes under.
-pub const PROFILE_NAME: &str = "process_cpu";
+pub(crate) const PROFILE_NAME: &str = "process_cpu";
 /// Labels the agent sets itself on every series: `__name__`, `service_name`, `hostname`,
 /// `pid`, `comm`, `python_version`, `container_id`.
 const BUILTIN_LABELS: usize = 7;
 /// `--label`s an operator may add without the series going over [`MAX_LABELS_PER_SERIES`].
-pub const MAX_OPERATOR_LABELS: usize = MAX_LABELS_PER_SERIES - BUILTIN_LABELS;
+pub(crate) const MAX_OPERATOR_LABELS: usize = MAX_LABELS_PER_SERIES - BUILTIN_LABELS;
 
 /// Where a process's `service_name` came from; worth a log line, since a surprising name is
 /// the first thing an operator asks about.
@@ -88,7 +88,7 @@ pub struct ProcessLabels {
 
 impl ProcessLabels {
     /// What a short command line alone says: for a process whose `/proc` entries are gone.
-    pub fn from_command(pid: u32, python_version: &str, command: &str) -> ProcessLabels {
+    pub(crate) fn from_command(pid: u32, python_version: &str, command: &str) -> ProcessLabels {
         let comm = cap(
             basename(command.split_whitespace().next().unwrap_or("python")),
             MAX_DERIVED_VALUE,
@@ -303,7 +303,7 @@ impl Environ {
 /// entire environment variable value SHOULD be discarded". So a malformed list yields `None`
 /// even when `key` itself is well-formed; the process is then named by the next source, as
 /// its own SDK would name it `unknown_service`.
-pub fn resource_attribute(attrs: &str, key: &str) -> Option<String> {
+pub(crate) fn resource_attribute(attrs: &str, key: &str) -> Option<String> {
     let mut found = None;
     for member in attrs.split(',') {
         let member = member.trim();
@@ -657,7 +657,7 @@ fn launcher(command: &str) -> Option<&'static Launcher> {
 /// When `argv[0]` is not a Python interpreter, the process is an embedding (`uwsgi`), a frozen
 /// program, or one that rewrote its command line (`setproctitle`, as gunicorn does: `gunicorn:
 /// worker [app:app]`); its first word names it, and is read as a launcher if it is one.
-pub fn program_from_argv(argv: &[&str], env: &Environ) -> Option<Program> {
+pub(crate) fn program_from_argv(argv: &[&str], env: &Environ) -> Option<Program> {
     let argv = &argv[..argv.len().min(MAX_ARGS)];
     let (&argv0, rest) = argv.split_first()?;
     if !is_python(basename(argv0)) {

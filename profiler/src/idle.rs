@@ -33,7 +33,7 @@ use crate::registry::Registry;
 use crate::resolve::{Resolved, Resolver};
 
 /// Stack walks per pass, all processes together; further idle threads wait for a later pass.
-pub const MAX_WALKS_PER_PASS: usize = 128;
+pub(crate) const MAX_WALKS_PER_PASS: usize = 128;
 /// Shortest time between passes, whatever the sampling rate.
 const MIN_PERIOD: Duration = Duration::from_millis(20);
 /// Frames an idle stack may have (deeper ones are reported truncated).
@@ -41,7 +41,7 @@ const MAX_IDLE_FRAMES: u32 = MAX_FRAMES as u32 + MAX_DEEP_FRAMES;
 
 /// What the idle passes did, for the summary and `--stats-json`.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct IdleStats {
+pub(crate) struct IdleStats {
     pub passes: u64,
     /// Thread states with a current frame found in the thread lists (summed over passes).
     pub threads: u64,
@@ -67,10 +67,9 @@ pub struct IdleStats {
 }
 
 /// One idle thread's stack, ready for symbolization.
-pub struct IdleStack {
+pub(crate) struct IdleStack {
     /// `native_thread_id` of the thread state (the thread id in the process's pid namespace).
     pub tid: u32,
-    pub tstate: u64,
     /// Sampling periods this stack stands for.
     pub weight: u64,
     /// Leaf first, tagged.
@@ -79,7 +78,7 @@ pub struct IdleStack {
     pub truncated: bool,
 }
 
-pub struct IdleSampler {
+pub(crate) struct IdleSampler {
     rate_hz: u64,
     last: Option<Instant>,
     /// Fraction of a sampling period carried to the next pass.
@@ -101,7 +100,7 @@ pub struct IdleSampler {
 }
 
 impl IdleSampler {
-    pub fn new(rate_hz: u64) -> IdleSampler {
+    pub(crate) fn new(rate_hz: u64) -> IdleSampler {
         IdleSampler {
             rate_hz: rate_hz.max(1),
             last: None,
@@ -116,14 +115,14 @@ impl IdleSampler {
     }
 
     /// Time between passes: one sampling period, but no shorter than [`MIN_PERIOD`].
-    pub fn period(&self) -> Duration {
+    pub(crate) fn period(&self) -> Duration {
         Duration::from_secs_f64(1.0 / self.rate_hz as f64).max(MIN_PERIOD)
     }
 
     /// One pass over every watched process: each idle thread's stack, resolved, to `sink`.
     /// The caller drains the sample ring buffer first, so the threads the kernel saw on a CPU
     /// are known.
-    pub fn pass(
+    pub(crate) fn pass(
         &mut self,
         registry: &Registry,
         resolver: &mut Resolver,
@@ -142,13 +141,13 @@ impl IdleSampler {
     }
 
     /// Notes a kernel sample of `tstate`: the thread was on a CPU for one period.
-    pub fn on_cpu(&mut self, pid: u32, tstate: u64) {
+    pub(crate) fn on_cpu(&mut self, pid: u32, tstate: u64) {
         *self.on_cpu.entry((pid, tstate)).or_default() += 1;
     }
 
     /// Starts a pass; returns the whole sampling periods since the previous one (0 on the
     /// first pass, which only sets the baseline).
-    pub fn begin(&mut self, now: Instant) -> u64 {
+    pub(crate) fn begin(&mut self, now: Instant) -> u64 {
         self.seen.clear();
         let Some(last) = self.last.replace(now) else {
             self.on_cpu.clear();
@@ -162,14 +161,14 @@ impl IdleSampler {
     }
 
     /// Ends a pass: on-CPU counts start over, walks of threads that are gone are forgotten.
-    pub fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         self.on_cpu.clear();
         let seen = &self.seen;
         self.previous.retain(|k, _| seen.contains(k));
         self.surplus.retain(|k, _| seen.contains(k));
     }
 
-    pub fn forget_process(&mut self, pid: u32) {
+    pub(crate) fn forget_process(&mut self, pid: u32) {
         self.previous.retain(|k, _| k.0 != pid);
         self.surplus.retain(|k, _| k.0 != pid);
         self.host_tids.retain(|k, _| k.0 != pid);
@@ -178,7 +177,7 @@ impl IdleSampler {
 
     /// The idle stacks of one process for a pass worth `periods` sampling periods; `budget`
     /// is the number of stack walks the pass has left.
-    pub fn sample_process(
+    pub(crate) fn sample_process(
         &mut self,
         proc: &PythonProcess,
         periods: u64,
@@ -240,7 +239,6 @@ impl IdleSampler {
                     self.stats.samples += weight;
                     out.push(IdleStack {
                         tid,
-                        tstate,
                         weight,
                         frames,
                         truncated,

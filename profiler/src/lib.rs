@@ -12,37 +12,54 @@
 //! off-CPU threads from the thread lists (`python::threads`), which `dump` also reads, without
 //! BPF. `check` says whether the host can run all this, and holds the preflight checks.
 //! `fuzzing` (hidden) lets the fuzz targets in `fuzz/` reach private parsers.
+//!
+//! Only what the binary, the tests and the fuzz targets use is public (the parsers of foreign
+//! data, `agent::push`, `cli`); everything else is `pub(crate)`, so the compiler reports dead
+//! code, and `unreachable_pub` keeps it that way.
+
+#![warn(unreachable_pub)]
 
 pub mod agent;
-pub mod aggregate;
-pub mod awaiters;
-pub mod bpf;
-pub mod check;
+mod aggregate;
+mod awaiters;
+mod bpf;
+mod check;
 pub mod cli;
 pub mod complete;
-pub mod decode;
-pub mod discovery;
-pub mod driver;
-pub mod dump;
+mod decode;
+mod discovery;
+mod driver;
+mod dump;
 pub mod elf;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod identity;
-pub mod idle;
-pub mod lifecycle;
+mod idle;
+mod lifecycle;
 pub mod memory;
-pub mod native;
-pub mod output;
-pub mod privileges;
-pub mod procfs;
+mod native;
+mod output;
+mod privileges;
+mod procfs;
 pub mod proto;
 pub mod python;
-pub mod record;
-pub mod registry;
-pub mod resolve;
-pub mod session;
-pub mod symbolize;
-pub mod top;
+mod record;
+mod registry;
+mod resolve;
+mod session;
+mod symbolize;
+mod top;
+
+/// Runs one command to its end; the exit code on success.
+pub fn run(command: cli::Command) -> anyhow::Result<i32> {
+    match command {
+        cli::Command::Record(args) => record::run(args),
+        cli::Command::Top(args) => top::run(args),
+        cli::Command::Check(args) => check::run(args),
+        cli::Command::Agent(args) => agent::run(args),
+        cli::Command::Dump(args) => dump::run(args),
+    }
+}
 
 /// Bad usage or input: reported as one line, exit code 2.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use crate::discovery::DiscoveryError;
 use crate::procfs;
 
 /// What exec handling needs from the session: the watch list and the way onto it.
-pub trait Registrar {
+pub(crate) trait Registrar {
     fn is_watched(&self, pid: u32) -> bool;
     /// Inspects `pid`, whose `/proc/PID/maps` reads `maps`, and starts sampling it.
     fn register(&mut self, pid: u32, maps: String) -> Result<(), DiscoveryError>;
@@ -32,20 +32,20 @@ pub trait Registrar {
 /// When an exec'd process is inspected, in milliseconds after its exec event arrived. The
 /// last tries are for loaded or emulated machines, where the loader can take seconds to map
 /// `libpython`.
-pub const EXEC_RETRY_MS: [u64; 10] = [0, 3, 10, 30, 80, 200, 450, 900, 1600, 3000];
+pub(crate) const EXEC_RETRY_MS: [u64; 10] = [0, 3, 10, 30, 80, 200, 450, 900, 1600, 3000];
 /// Exec'd processes waiting for inspection at once; beyond it new ones wait for the scan.
-pub const MAX_PENDING: usize = 4096;
+pub(crate) const MAX_PENDING: usize = 4096;
 
 /// One decoded lifecycle notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcChange {
+pub(crate) enum ProcChange {
     Exec(u32),
     Exit(u32),
 }
 
 /// Counters of lifecycle handling, for `--stats-json` and benchmarks.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct LifecycleStats {
+pub(crate) struct LifecycleStats {
     pub exec_events: u64,
     pub exit_events: u64,
     /// Interpreters found through an exec event (rather than the `/proc` scan).
@@ -76,7 +76,7 @@ impl Pending {
 
 /// Outcome of one inspection attempt, as reported back by the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Attempt {
+pub(crate) enum Attempt {
     Added,
     /// Not (yet) recognizable: retry later, or give up after the last try.
     NotYet,
@@ -86,7 +86,7 @@ pub enum Attempt {
 }
 
 #[derive(Default)]
-pub struct Lifecycle {
+pub(crate) struct Lifecycle {
     pending: HashMap<u32, Pending>,
     pub stats: LifecycleStats,
     /// How long a system-wide run waits before the first look at a new program (see
@@ -99,7 +99,7 @@ impl Lifecycle {
     /// inspected (its exit cancels it), at the price of its first `delay` of samples. For the
     /// agent: inspecting a process costs ~0.5 ms of CPU, and a host that starts dozens of
     /// short-lived interpreters a second would spend more on them than they weigh at 19 Hz.
-    pub fn delay_first_look(&mut self, delay: Duration) {
+    pub(crate) fn delay_first_look(&mut self, delay: Duration) {
         self.first_look = delay;
     }
 
@@ -107,7 +107,12 @@ impl Lifecycle {
     /// for inspection; otherwise only a watched process that exec'd again is re-inspected.
     /// The caller drains the sample ring buffer first, so an exiting process's last samples
     /// are still attributed.
-    pub fn on_event(&mut self, bytes: &[u8], system_wide: bool, registrar: &mut dyn Registrar) {
+    pub(crate) fn on_event(
+        &mut self,
+        bytes: &[u8],
+        system_wide: bool,
+        registrar: &mut dyn Registrar,
+    ) {
         match self.decode(bytes) {
             Some(ProcChange::Exec(pid)) => {
                 registrar.exec_seen(pid);
@@ -140,7 +145,7 @@ impl Lifecycle {
     /// Inspects the exec'd processes whose attempt is due. Returns the pids added.
     /// Unsupported interpreters are reported once each through `warn`; processes that vanish
     /// or cannot be parsed are logged at debug level and counted, never fatal.
-    pub fn poll(
+    pub(crate) fn poll(
         &mut self,
         registrar: &mut dyn Registrar,
         warn: &mut dyn FnMut(&DiscoveryError),
@@ -205,7 +210,7 @@ impl Lifecycle {
     }
 
     /// Decodes a `PROC_EVENTS` record.
-    pub fn decode(&mut self, bytes: &[u8]) -> Option<ProcChange> {
+    pub(crate) fn decode(&mut self, bytes: &[u8]) -> Option<ProcChange> {
         let Some(head) = bytes.get(..size_of::<ProcEvent>()) else {
             self.stats.malformed_events += 1;
             return None;
@@ -228,7 +233,7 @@ impl Lifecycle {
     }
 
     /// Queues `pid` for inspection now (again, if it was queued: it exec'd once more).
-    pub fn expect(&mut self, pid: u32, now: Instant) {
+    pub(crate) fn expect(&mut self, pid: u32, now: Instant) {
         if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&pid) {
             self.stats.pending_dropped += 1;
             return;
@@ -242,12 +247,12 @@ impl Lifecycle {
         );
     }
 
-    pub fn cancel(&mut self, pid: u32) {
+    pub(crate) fn cancel(&mut self, pid: u32) {
         self.pending.remove(&pid);
     }
 
     /// Queued pids whose next attempt is due.
-    pub fn due(&self, now: Instant) -> Vec<u32> {
+    pub(crate) fn due(&self, now: Instant) -> Vec<u32> {
         self.pending
             .iter()
             .filter(|(_, p)| p.due() <= now)
@@ -256,14 +261,14 @@ impl Lifecycle {
     }
 
     /// True when `pid`'s current attempt is its last.
-    pub fn last_attempt(&self, pid: u32) -> bool {
+    pub(crate) fn last_attempt(&self, pid: u32) -> bool {
         self.pending
             .get(&pid)
             .is_none_or(|p| p.attempt + 1 >= EXEC_RETRY_MS.len())
     }
 
     /// Records the outcome of an attempt on `pid`.
-    pub fn settle(&mut self, pid: u32, outcome: Attempt) {
+    pub(crate) fn settle(&mut self, pid: u32, outcome: Attempt) {
         match outcome {
             Attempt::Added => {
                 self.stats.added_on_exec += 1;
@@ -289,11 +294,11 @@ impl Lifecycle {
     }
 
     /// When the next queued attempt is due.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.pending.values().map(Pending::due).min()
     }
 
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.pending.len()
     }
 }

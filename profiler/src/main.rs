@@ -1,5 +1,5 @@
 use clap::Parser;
-use profiler::cli::{Cli, Command};
+use profiler::cli::Cli;
 
 fn main() {
     let cli = Cli::parse();
@@ -13,13 +13,7 @@ fn main() {
     )
     .format_timestamp(None)
     .init();
-    let result = match cli.command {
-        Command::Record(args) => profiler::record::run(args),
-        Command::Top(args) => profiler::top::run(args),
-        Command::Check(args) => profiler::check::run(args),
-        Command::Agent(args) => profiler::agent::run(args),
-        Command::Dump(args) => profiler::dump::run(args),
-    };
+    let result = profiler::run(cli.command);
     match result {
         Ok(code) => std::process::exit(code),
         Err(err) => {

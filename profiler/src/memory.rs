@@ -8,7 +8,7 @@ use nix::sys::uio::{process_vm_readv, RemoteIoVec};
 use nix::unistd::Pid;
 
 /// Remote reads issued by this process (all `ProcessMemory`s), for the "reads per sample" figure.
-pub static REMOTE_READS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static REMOTE_READS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -72,7 +72,7 @@ impl ProcessMemory {
     }
 
     /// Reads `len` bytes at `addr` into a new buffer.
-    pub fn read_vec(&self, addr: u64, len: usize) -> Result<Vec<u8>, ReadError> {
+    pub(crate) fn read_vec(&self, addr: u64, len: usize) -> Result<Vec<u8>, ReadError> {
         let mut buf = vec![0u8; len];
         self.read(addr, &mut buf)?;
         Ok(buf)
@@ -80,7 +80,7 @@ impl ProcessMemory {
 
     /// Reads up to `len` bytes at `addr`, stopping early at an unmapped page: for reads whose
     /// exact size is unknown (a string near the end of a mapping).
-    pub fn read_upto(&self, addr: u64, len: usize) -> Result<Vec<u8>, ReadError> {
+    pub(crate) fn read_upto(&self, addr: u64, len: usize) -> Result<Vec<u8>, ReadError> {
         match self.read_vec(addr, len) {
             Ok(buf) => Ok(buf),
             Err(ReadError::Failed { .. } | ReadError::Short { .. }) => {
@@ -92,7 +92,7 @@ impl ProcessMemory {
         }
     }
 
-    pub fn read_u64(&self, addr: u64) -> Result<u64, ReadError> {
+    pub(crate) fn read_u64(&self, addr: u64) -> Result<u64, ReadError> {
         let mut buf = [0u8; 8];
         self.read(addr, &mut buf)?;
         Ok(u64::from_le_bytes(buf))
@@ -101,7 +101,7 @@ impl ProcessMemory {
 
 /// Little-endian field accessors over a buffer copied from a target; out-of-range offsets read
 /// as `None` rather than panicking, because the buffer's contents are untrusted.
-pub trait Fields {
+pub(crate) trait Fields {
     fn u64_at(&self, offset: usize) -> Option<u64>;
     fn u32_at(&self, offset: usize) -> Option<u32>;
     fn i32_at(&self, offset: usize) -> Option<i32> {

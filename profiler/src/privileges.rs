@@ -1,17 +1,17 @@
 //! Checks, before anything is loaded, that we may load BPF programs, open perf events and
 //! read other processes' memory; otherwise one line says what is missing and how to fix it.
 
-pub const CAP_SYS_PTRACE: u32 = 19;
-pub const CAP_SYS_ADMIN: u32 = 21;
-pub const CAP_PERFMON: u32 = 38;
-pub const CAP_BPF: u32 = 39;
+pub(crate) const CAP_SYS_PTRACE: u32 = 19;
+pub(crate) const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_PERFMON: u32 = 38;
+pub(crate) const CAP_BPF: u32 = 39;
 
 /// This process's effective capability set (`CapEff:` of `/proc/self/status`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capabilities(u64);
+pub(crate) struct Capabilities(u64);
 
 impl Capabilities {
-    pub fn effective() -> Capabilities {
+    pub(crate) fn effective() -> Capabilities {
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         Capabilities(
             status
@@ -22,25 +22,26 @@ impl Capabilities {
         )
     }
 
-    pub fn from_bits(bits: u64) -> Capabilities {
+    #[cfg(test)]
+    pub(crate) fn from_bits(bits: u64) -> Capabilities {
         Capabilities(bits)
     }
 
-    pub fn has(self, cap: u32) -> bool {
+    pub(crate) fn has(self, cap: u32) -> bool {
         self.0 & (1 << cap) != 0
     }
 
     /// CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON (kernels before 5.8 knew only it).
-    pub fn can_perfmon(self) -> bool {
+    pub(crate) fn can_perfmon(self) -> bool {
         self.has(CAP_PERFMON) || self.has(CAP_SYS_ADMIN)
     }
 
-    pub fn can_bpf(self) -> bool {
+    pub(crate) fn can_bpf(self) -> bool {
         self.has(CAP_BPF) || self.has(CAP_SYS_ADMIN)
     }
 
     /// The capabilities pyebpf lacks, by name; empty when it has what it needs.
-    pub fn missing(self) -> Vec<&'static str> {
+    pub(crate) fn missing(self) -> Vec<&'static str> {
         let mut missing = Vec::new();
         if !self.can_bpf() {
             missing.push("CAP_BPF");
@@ -56,12 +57,12 @@ impl Capabilities {
 }
 
 /// The capabilities pyebpf lacks, by name; empty when it has what it needs.
-pub fn missing() -> Vec<&'static str> {
+pub(crate) fn missing() -> Vec<&'static str> {
     Capabilities::effective().missing()
 }
 
 /// How to give pyebpf its capabilities.
-pub fn fix() -> String {
+pub(crate) fn fix() -> String {
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "pyebpf".into());
@@ -71,7 +72,7 @@ pub fn fix() -> String {
 }
 
 /// `Err` with the one-line explanation when privileges are missing.
-pub fn check() -> Result<(), crate::UsageError> {
+pub(crate) fn check() -> Result<(), crate::UsageError> {
     let missing = missing();
     if missing.is_empty() {
         return Ok(());

@@ -14,7 +14,7 @@ const INIT_PID_NS_INO: u64 = 0xEFFF_FFFC;
 
 /// The fields of `/proc/PID/stat` that say what kind of process this is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcStat {
+pub(crate) struct ProcStat {
     /// `comm`, as the kernel keeps it (at most 15 bytes).
     pub comm: String,
     /// `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
@@ -24,16 +24,16 @@ pub struct ProcStat {
 }
 
 impl ProcStat {
-    pub fn is_zombie(&self) -> bool {
+    pub(crate) fn is_zombie(&self) -> bool {
         self.state == 'Z' || self.state == 'X'
     }
 
-    pub fn is_kernel_thread(&self) -> bool {
+    pub(crate) fn is_kernel_thread(&self) -> bool {
         self.flags & PF_KTHREAD != 0
     }
 }
 
-pub fn stat(pid: u32) -> std::io::Result<ProcStat> {
+pub(crate) fn stat(pid: u32) -> std::io::Result<ProcStat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     parse_stat(&text).ok_or_else(|| std::io::Error::other(format!("malformed /proc/{pid}/stat")))
 }
@@ -58,7 +58,7 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
 
 /// The thread-group id (the process id) of task `tid`: differs from `tid` for a thread that
 /// is not its process's main thread.
-pub fn tgid(tid: u32) -> Option<u32> {
+pub(crate) fn tgid(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     status
         .lines()
@@ -70,13 +70,13 @@ pub fn tgid(tid: u32) -> Option<u32> {
 
 /// A namespace's identity: the device and inode of its `/proc/PID/ns/KIND` file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Namespace {
+pub(crate) struct Namespace {
     pub dev: u64,
     pub ino: u64,
 }
 
 /// The `kind` namespace (`pid`, `mnt`, ...) of `pid`, or of this process with `None`.
-pub fn namespace(pid: Option<u32>, kind: &str) -> std::io::Result<Namespace> {
+pub(crate) fn namespace(pid: Option<u32>, kind: &str) -> std::io::Result<Namespace> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/ns/{kind}"),
         None => format!("/proc/self/ns/{kind}"),
@@ -90,17 +90,17 @@ pub fn namespace(pid: Option<u32>, kind: &str) -> std::io::Result<Namespace> {
 
 /// Whether `pid` lives in another `kind` namespace than this process; `None` when either
 /// cannot be read.
-pub fn other_namespace(pid: u32, kind: &str) -> Option<bool> {
+pub(crate) fn other_namespace(pid: u32, kind: &str) -> Option<bool> {
     Some(namespace(Some(pid), kind).ok()? != namespace(None, kind).ok()?)
 }
 
 /// True when this process runs in the host's pid namespace, so `/proc` shows every process.
-pub fn in_host_pid_namespace() -> bool {
+pub(crate) fn in_host_pid_namespace() -> bool {
     namespace(None, "pid").is_ok_and(|ns| ns.ino == INIT_PID_NS_INO)
 }
 
 /// Pids (`NSpid:` of `/proc/PID/status`, host first, innermost last) of `pid`.
-pub fn nspids(pid: u32) -> Vec<u32> {
+pub(crate) fn nspids(pid: u32) -> Vec<u32> {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return Vec::new();
     };
@@ -121,7 +121,7 @@ fn parse_nspids(status: &str) -> Vec<u32> {
 
 /// Processes (as host pids) that are known as `pid` inside a pid namespace below ours: what a
 /// user who copied a pid from inside a container meant.
-pub fn namesakes(pid: u32) -> Vec<u32> {
+pub(crate) fn namesakes(pid: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -138,14 +138,14 @@ pub fn namesakes(pid: u32) -> Vec<u32> {
 }
 
 /// Whether `err` means the process is gone (or never was), rather than hidden from us.
-pub fn is_absent(err: &std::io::Error) -> bool {
+pub(crate) fn is_absent(err: &std::io::Error) -> bool {
     err.kind() == std::io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// A process that still runs (exists and is not a zombie). Called for every watched process
 /// once a second, so one small read: the state follows the pid and the command name (at most
 /// 16 bytes), so 256 bytes always reach it.
-pub fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     use std::io::Read;
     let mut buf = [0u8; 256];
     let Ok(n) = std::fs::File::open(format!("/proc/{pid}/stat")).and_then(|mut f| f.read(&mut buf))
@@ -160,7 +160,7 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// How long `pid` has been running (from its start time in `/proc/PID/stat`).
-pub fn age(pid: u32) -> Option<std::time::Duration> {
+pub(crate) fn age(pid: u32) -> Option<std::time::Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name; `starttime` is field 22 of the whole line.
     let (_, rest) = stat.rsplit_once(')')?;
@@ -183,7 +183,7 @@ pub fn age(pid: u32) -> Option<std::time::Duration> {
 /// executable or a `libpython`): the cheap test before a full inspection, whose text the
 /// inspection then parses rather than reading it again. `Err` when the maps can't be read
 /// (the process is gone, or may not be read).
-pub fn python_maps(pid: u32) -> std::io::Result<Option<String>> {
+pub(crate) fn python_maps(pid: u32) -> std::io::Result<Option<String>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let python = maps
         .lines()
@@ -194,7 +194,7 @@ pub fn python_maps(pid: u32) -> std::io::Result<Option<String>> {
 /// The threads of process `pid`, as (id in the process's own pid namespace → host id), from
 /// the `NSpid` lines of `/proc/PID/task/*/status` (CPython records the former; `/proc` and
 /// labels need the latter). Empty when the task list cannot be read.
-pub fn host_tids(pid: u32) -> Vec<(u32, u32)> {
+pub(crate) fn host_tids(pid: u32) -> Vec<(u32, u32)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };

@@ -17,7 +17,7 @@ use crate::discovery::PythonProcess;
 const MAX_REMEMBERED: usize = 65536;
 
 #[derive(Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     procs: FxHashMap<u32, PythonProcess>,
     /// Stopped being watched since the last reap.
     exited: Vec<u32>,
@@ -32,7 +32,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn insert(&mut self, proc: PythonProcess) -> &PythonProcess {
+    pub(crate) fn insert(&mut self, proc: PythonProcess) -> &PythonProcess {
         let pid = proc.pid;
         if self.profiled_pids.len() >= MAX_REMEMBERED {
             self.profiled_pids.clear();
@@ -46,7 +46,7 @@ impl Registry {
     }
 
     /// Stops watching `pid`; its caches go at the next [`Registry::take_exited`].
-    pub fn remove(&mut self, pid: u32) -> bool {
+    pub(crate) fn remove(&mut self, pid: u32) -> bool {
         let was = self.procs.remove(&pid).is_some();
         if was {
             self.generation += 1;
@@ -58,37 +58,37 @@ impl Registry {
     }
 
     /// Changes whenever the watched set changes.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation
     }
 
-    pub fn get(&self, pid: u32) -> Option<&PythonProcess> {
+    pub(crate) fn get(&self, pid: u32) -> Option<&PythonProcess> {
         self.procs.get(&pid)
     }
 
-    pub fn contains(&self, pid: u32) -> bool {
+    pub(crate) fn contains(&self, pid: u32) -> bool {
         self.procs.contains_key(&pid)
     }
 
-    pub fn watched(&self) -> impl Iterator<Item = &PythonProcess> {
+    pub(crate) fn watched(&self) -> impl Iterator<Item = &PythonProcess> {
         self.procs.values()
     }
 
-    pub fn pids(&self) -> Vec<u32> {
+    pub(crate) fn pids(&self) -> Vec<u32> {
         self.procs.keys().copied().collect()
     }
 
     /// Processes that stopped being watched since the last call.
-    pub fn take_exited(&mut self) -> Vec<u32> {
+    pub(crate) fn take_exited(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.exited)
     }
 
-    pub fn exited(&self) -> usize {
+    pub(crate) fn exited(&self) -> usize {
         self.exited.len()
     }
 
     /// True the first time `pid` is reported as unprofilable.
-    pub fn first_warning(&mut self, pid: u32) -> bool {
+    pub(crate) fn first_warning(&mut self, pid: u32) -> bool {
         if self.warned.len() >= MAX_REMEMBERED {
             self.warned.clear();
         }
@@ -96,15 +96,11 @@ impl Registry {
     }
 
     /// Processes profiled in this session, exited ones included.
-    pub fn profiled(&self) -> u64 {
+    pub(crate) fn profiled(&self) -> u64 {
         self.profiled
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.procs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.procs.is_empty()
     }
 }

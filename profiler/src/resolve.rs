@@ -22,7 +22,7 @@ use crate::symbolize::{SymbolStats, Symbolizer};
 
 /// One Python frame of a sample, symbolized.
 #[derive(Clone, Debug)]
-pub struct PyFrame {
+pub(crate) struct PyFrame {
     /// `None` when the code object could not be read or changed since the sample.
     pub code: Option<Arc<CodeInfo>>,
     pub line: u32,
@@ -32,7 +32,7 @@ pub struct PyFrame {
 
 /// One frame of a sample's merged stack (`--native`), leaf first.
 #[derive(Clone, Debug)]
-pub enum Mixed {
+pub(crate) enum Mixed {
     /// `Resolved::frames[i]`.
     Python(usize),
     /// A native function: its name (`[module+0xoffset]` when unknown) and module.
@@ -50,13 +50,9 @@ pub enum Mixed {
 
 /// A decoded, symbolized sample. `frames` are leaf first.
 #[derive(Debug)]
-pub struct Resolved<'a> {
+pub(crate) struct Resolved<'a> {
     pub pid: u32,
     pub tid: u32,
-    /// The CPU the kernel sampled it on; `None` for idle stacks.
-    pub cpu: Option<u32>,
-    /// Kernel time of the sample (`bpf_ktime_get_ns`); `None` for idle stacks.
-    pub time_ns: Option<u64>,
     pub frames: &'a [PyFrame],
     /// With `--native`: the Python frames (by index into `frames`, in their order) merged
     /// with the native ones. With `--async`, for a sample taken while an asyncio task ran:
@@ -78,7 +74,7 @@ pub struct Resolved<'a> {
 
 /// Totals over a session, for summaries and headers.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct SessionStats {
+pub(crate) struct SessionStats {
     pub samples: u64,
     pub truncated: u64,
     pub partial: u64,
@@ -101,7 +97,7 @@ pub struct SessionStats {
 }
 
 #[derive(Default)]
-pub struct Resolver {
+pub(crate) struct Resolver {
     symbols: Symbolizer,
     completer: Completer,
     /// The frames of the sample being resolved (reused: no allocation per sample).
@@ -123,7 +119,7 @@ pub struct Resolver {
 
 impl Resolver {
     /// A kernel sample of `process`; `None` when it holds no Python frame (only shims).
-    pub fn kernel<'a>(
+    pub(crate) fn kernel<'a>(
         &'a mut self,
         raw: &RawSample,
         process: &PythonProcess,
@@ -154,8 +150,6 @@ impl Resolver {
         let resolved = Resolved {
             pid: header.pid,
             tid: header.tid,
-            cpu: Some(header.cpu),
-            time_ns: Some(header.time_ns),
             frames: &self.frames,
             mixed: mixed.then_some(&self.mixed[..]),
             truncated,
@@ -172,7 +166,7 @@ impl Resolver {
     }
 
     /// An idle thread's stack; `None` when it holds no Python frame.
-    pub fn idle<'a>(
+    pub(crate) fn idle<'a>(
         &'a mut self,
         stack: &IdleStack,
         process: &PythonProcess,
@@ -184,8 +178,6 @@ impl Resolver {
         Some(Resolved {
             pid: process.pid,
             tid: stack.tid,
-            cpu: None,
-            time_ns: None,
             frames: &self.frames,
             mixed: None,
             truncated: stack.truncated,
@@ -197,7 +189,7 @@ impl Resolver {
     }
 
     /// Drops what is cached for `pid` (after its last samples were resolved).
-    pub fn forget_process(&mut self, pid: u32) {
+    pub(crate) fn forget_process(&mut self, pid: u32) {
         self.symbols.forget_process(pid);
         self.completer.forget_process(pid);
         if let Some(native) = self.native.as_mut() {
@@ -210,16 +202,16 @@ impl Resolver {
 
     /// Rewrites kernel samples taken while an asyncio task ran with `<task …>` frames and
     /// their awaiter chains from now on (see `crate::awaiters`).
-    pub fn enable_async(&mut self) {
+    pub(crate) fn enable_async(&mut self) {
         self.awaiters.get_or_insert_with(Awaiters::default);
     }
 
     /// The async view's per-process state and counters (`--async`).
-    pub fn awaiters(&mut self) -> Option<&mut Awaiters> {
+    pub(crate) fn awaiters(&mut self) -> Option<&mut Awaiters> {
         self.awaiters.as_mut()
     }
 
-    pub fn async_stats(&self) -> Option<AsyncStats> {
+    pub(crate) fn async_stats(&self) -> Option<AsyncStats> {
         self.awaiters.as_ref().map(|a| a.stats)
     }
 
@@ -289,11 +281,11 @@ impl Resolver {
     }
 
     /// Unwinds, symbolizes and merges the native part of kernel samples from now on.
-    pub fn enable_native(&mut self) {
+    pub(crate) fn enable_native(&mut self) {
         self.native.get_or_insert_with(Native::new);
     }
 
-    pub fn native_stats(&self) -> Option<crate::native::NativeStats> {
+    pub(crate) fn native_stats(&self) -> Option<crate::native::NativeStats> {
         self.native.as_ref().map(|n| n.stats())
     }
 
@@ -310,12 +302,12 @@ impl Resolver {
                 return false;
             }
             Some(NativeCapture::Copy { ip, sp, bp, stack }) => {
-                native.from_copy(pid, Regs { ip, sp, bp }, stack)
+                native.unwind_copy(pid, Regs { ip, sp, bp }, stack)
             }
             Some(NativeCapture::FramePointers(bytes)) => {
                 let pairs: Vec<(u64, u64)> = NativeCapture::pairs(bytes).collect();
                 let complete = pairs.last() == Some(&(0, 0));
-                native.from_frame_pointers(pid, &pairs, complete)
+                native.symbolize_frame_pointers(pid, &pairs, complete)
             }
         };
         // Groups: the Python frames between entry frames (see `native::merge`).
@@ -400,16 +392,16 @@ impl Resolver {
         true
     }
 
-    pub fn completion_stats(&self) -> CompletionStats {
+    pub(crate) fn completion_stats(&self) -> CompletionStats {
         self.completer.stats
     }
 
-    pub fn symbol_stats(&self) -> SymbolStats {
+    pub(crate) fn symbol_stats(&self) -> SymbolStats {
         self.symbols.stats
     }
 
     /// Symbolized code objects held.
-    pub fn symbols(&self) -> usize {
+    pub(crate) fn symbols(&self) -> usize {
         self.symbols.len()
     }
 

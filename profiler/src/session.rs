@@ -29,14 +29,14 @@ use crate::python::asyncio::{self, AsyncError};
 use crate::registry::Registry;
 use crate::resolve::Resolver;
 
-pub use crate::resolve::{PyFrame, Resolved, SessionStats};
+pub(crate) use crate::resolve::{PyFrame, Resolved, SessionStats};
 
 /// Processes younger than this get eager samples when registered.
 const YOUNG_PROCESS: Duration = Duration::from_secs(2);
 /// How often watched processes are checked against `/proc` (see [`Session::reap`]).
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
-pub struct Session {
+pub(crate) struct Session {
     sampler: Sampler,
     /// `--native`: how processes' user stacks are captured.
     native: Option<NativeOptions>,
@@ -65,11 +65,11 @@ pub struct Session {
 /// programs at once; what this delays is an interpreter embedded with `dlopen` long after
 /// its process started. Reading every process's maps every second was most of a quiet
 /// host's scan cost.
-pub const NOT_PYTHON_RECHECK: Duration = Duration::from_secs(10);
+pub(crate) const NOT_PYTHON_RECHECK: Duration = Duration::from_secs(10);
 
 /// Sizes of the session's per-process state, for leak checks and benchmarks.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
-pub struct CacheSizes {
+pub(crate) struct CacheSizes {
     /// Processes watched.
     pub procs: usize,
     /// Exec'd processes waiting to be inspected.
@@ -82,7 +82,7 @@ pub struct CacheSizes {
 
 impl Session {
     /// Loads the BPF programs (see [`Sampler::start_with`] for `subsample`).
-    pub fn start(
+    pub(crate) fn start(
         rate_hz: u64,
         debug: DebugBpf,
         subsample: u32,
@@ -111,25 +111,25 @@ impl Session {
 
     /// Have the kernel flag samples whose thread holds the GIL (`Resolved::holds_gil`), for
     /// processes added from now on.
-    pub fn want_gil(&mut self) {
+    pub(crate) fn want_gil(&mut self) {
         self.gil = true;
     }
 
     /// Whether samples of this process can be told GIL holders (`want_gil` and a layout that
     /// locates the GIL).
-    pub fn gil_known(proc: &PythonProcess) -> bool {
+    pub(crate) fn gil_known(proc: &PythonProcess) -> bool {
         proc.layout.kernel.flags & LAYOUT_GIL_MASK != 0
     }
 
     /// Have the kernel record each sample's running asyncio task and rewrite those samples
     /// with `<task …>` frames and awaiter chains (`--async`), for processes added from now on.
-    pub fn enable_async(&mut self) {
+    pub(crate) fn enable_async(&mut self) {
         self.async_tasks = true;
         self.resolver.enable_async();
     }
 
     /// `--async` counters.
-    pub fn async_stats(&self) -> Option<AsyncStats> {
+    pub(crate) fn async_stats(&self) -> Option<AsyncStats> {
         self.resolver.async_stats()
     }
 
@@ -211,28 +211,28 @@ impl Session {
 
     /// Also sample off-CPU threads from the interpreters' thread lists (see `crate::idle`);
     /// the driver runs `idle_pass` every `idle_period`.
-    pub fn enable_idle(&mut self, rate_hz: u64) {
+    pub(crate) fn enable_idle(&mut self, rate_hz: u64) {
         self.idle = Some(IdleSampler::new(rate_hz));
     }
 
     /// Time between idle passes, when `--idle` is on.
-    pub fn idle_period(&self) -> Option<Duration> {
+    pub(crate) fn idle_period(&self) -> Option<Duration> {
         self.idle.as_ref().map(|i| i.period())
     }
 
-    pub fn idle_stats(&self) -> Option<IdleStats> {
+    pub(crate) fn idle_stats(&self) -> Option<IdleStats> {
         self.idle.as_ref().map(|i| i.stats)
     }
 
     /// One idle pass over every watched process (see [`IdleSampler::pass`]).
-    pub fn idle_pass(&mut self, sink: &mut dyn FnMut(&Resolved, &PythonProcess)) {
+    pub(crate) fn idle_pass(&mut self, sink: &mut dyn FnMut(&Resolved, &PythonProcess)) {
         if let Some(idle) = self.idle.as_mut() {
             idle.pass(&self.registry, &mut self.resolver, sink);
         }
     }
 
     /// Inspects `pid` and starts sampling it.
-    pub fn add(&mut self, pid: u32) -> Result<&PythonProcess, DiscoveryError> {
+    pub(crate) fn add(&mut self, pid: u32) -> Result<&PythonProcess, DiscoveryError> {
         self.add_inspected(pid, None)
     }
 
@@ -276,7 +276,7 @@ impl Session {
 
     /// Adds every interpreter on the host not already watched. Returns the pids added;
     /// unsupported interpreters are reported once each through `warn`.
-    pub fn scan(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
+    pub(crate) fn scan(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
         let mut added = Vec::new();
         let now = Instant::now();
         let pids = discovery::all_pids();
@@ -313,7 +313,7 @@ impl Session {
     /// Drops the caches of processes that stopped being watched (their queued samples were
     /// delivered by now) and, every ten seconds (at once after a lost event), stops watching processes that exited without
     /// an exit event (one was lost). Also hands on what the BPF programs logged.
-    pub fn reap(&mut self) {
+    pub(crate) fn reap(&mut self) {
         self.flush_bpf_logs();
         self.async_housekeeping();
         for pid in self.registry.take_exited() {
@@ -338,72 +338,68 @@ impl Session {
     }
 
     /// Hands what the BPF programs logged (`--debug-bpf`) to the `log` crate.
-    pub fn flush_bpf_logs(&mut self) {
+    pub(crate) fn flush_bpf_logs(&mut self) {
         self.sampler.flush_logs();
     }
 
-    pub fn watched(&self) -> impl Iterator<Item = &PythonProcess> {
+    pub(crate) fn watched(&self) -> impl Iterator<Item = &PythonProcess> {
         self.registry.watched()
     }
 
     /// See [`Lifecycle::delay_first_look`].
-    pub fn delay_first_look(&mut self, delay: Duration) {
+    pub(crate) fn delay_first_look(&mut self, delay: Duration) {
         self.lifecycle.delay_first_look(delay);
     }
 
     /// Changes whenever the watched set changes (see [`Session::watched`]).
-    pub fn watched_generation(&self) -> u64 {
+    pub(crate) fn watched_generation(&self) -> u64 {
         self.registry.generation()
     }
 
-    pub fn is_watched(&self, pid: u32) -> bool {
-        self.registry.contains(pid)
-    }
-
     /// Processes profiled in this session, exited ones included.
-    pub fn profiled(&self) -> u64 {
+    pub(crate) fn profiled(&self) -> u64 {
         self.registry.profiled()
     }
 
-    pub fn stats(&self) -> SessionStats {
+    pub(crate) fn stats(&self) -> SessionStats {
         self.resolver.stats
     }
 
-    pub fn kernel_stats(&self) -> KernelStats {
+    pub(crate) fn kernel_stats(&self) -> KernelStats {
         self.sampler.stats()
     }
 
     /// (nanoseconds, runs) of the BPF sampler program, when the kernel keeps BPF stats.
-    pub fn program_runtime(&self) -> (u64, u64) {
+    pub(crate) fn program_runtime(&self) -> (u64, u64) {
         self.sampler.program_runtime()
     }
 
     /// (translated, JITed) bytes of the BPF sampler program.
-    pub fn program_size(&self) -> (u32, u32) {
+    pub(crate) fn program_size(&self) -> (u32, u32) {
         self.sampler.program_size()
     }
 
     /// Where stacks came from: kernel, completion cache, chunk copies, or left truncated.
-    pub fn completion_stats(&self) -> CompletionStats {
+    pub(crate) fn completion_stats(&self) -> CompletionStats {
         self.resolver.completion_stats()
     }
 
-    pub fn symbol_stats(&self) -> crate::symbolize::SymbolStats {
+    pub(crate) fn symbol_stats(&self) -> crate::symbolize::SymbolStats {
         self.resolver.symbol_stats()
     }
 
     /// Unwinding and native symbolization counters (`--native`).
-    pub fn native_stats(&self) -> Option<crate::native::NativeStats> {
+    pub(crate) fn native_stats(&self) -> Option<crate::native::NativeStats> {
         self.resolver.native_stats()
     }
 
     /// The sample ring buffer, for the driver to wait on.
-    pub fn take_events(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+    pub(crate) fn take_events(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
         self.sampler.events.take()
     }
 
     /// Decodes and resolves one raw sample, handing it to `sink`.
-    pub fn process_record(
+    pub(crate) fn process_record(
         &mut self,
         bytes: &[u8],
         sink: &mut dyn FnMut(&Resolved, &PythonProcess),
@@ -426,19 +422,19 @@ impl Session {
     }
 
     /// The exec/exit notification ring buffer, for the driver to wait on.
-    pub fn take_proc_events(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
+    pub(crate) fn take_proc_events(&mut self) -> Option<aya::maps::RingBuf<aya::maps::MapData>> {
         self.sampler.proc_events.take()
     }
 
     /// Handles one exec/exit notification (see [`Lifecycle::on_event`]).
-    pub fn handle_proc_event(&mut self, bytes: &[u8], system_wide: bool) {
+    pub(crate) fn handle_proc_event(&mut self, bytes: &[u8], system_wide: bool) {
         let mut lifecycle = std::mem::take(&mut self.lifecycle);
         lifecycle.on_event(bytes, system_wide, self);
         self.lifecycle = lifecycle;
     }
 
     /// Inspects the exec'd processes whose attempt is due (see [`Lifecycle::poll`]).
-    pub fn poll_execs(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
+    pub(crate) fn poll_execs(&mut self, warn: &mut dyn FnMut(&DiscoveryError)) -> Vec<u32> {
         let mut lifecycle = std::mem::take(&mut self.lifecycle);
         let added = lifecycle.poll(self, warn);
         self.lifecycle = lifecycle;
@@ -446,11 +442,11 @@ impl Session {
     }
 
     /// When `poll_execs` has work next.
-    pub fn next_exec_due(&self) -> Option<Instant> {
+    pub(crate) fn next_exec_due(&self) -> Option<Instant> {
         self.lifecycle.next_due()
     }
 
-    pub fn lifecycle_stats(&self) -> LifecycleStats {
+    pub(crate) fn lifecycle_stats(&self) -> LifecycleStats {
         self.lifecycle.stats
     }
 
@@ -462,16 +458,16 @@ impl Session {
     }
 
     /// Entries in the kernel's `PROCS` and `THREADS` maps.
-    pub fn map_sizes(&self) -> MapSizes {
+    pub(crate) fn map_sizes(&self) -> MapSizes {
         self.sampler.map_sizes()
     }
 
     /// Pids in `PROCS` and tids in `THREADS`.
-    pub fn map_keys(&self) -> (Vec<u32>, Vec<u32>) {
+    pub(crate) fn map_keys(&self) -> (Vec<u32>, Vec<u32>) {
         self.sampler.map_keys()
     }
 
-    pub fn cache_sizes(&self) -> CacheSizes {
+    pub(crate) fn cache_sizes(&self) -> CacheSizes {
         CacheSizes {
             procs: self.registry.len(),
             pending_execs: self.lifecycle.pending(),

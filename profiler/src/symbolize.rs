@@ -12,10 +12,10 @@ use crate::python::code::{read_code, CodeInfo};
 use crate::python::layout::PyLayout;
 
 /// Code objects kept; past this the cache starts over (and `evictions` counts it).
-pub const MAX_CODE_ENTRIES: usize = 1 << 18;
+pub(crate) const MAX_CODE_ENTRIES: usize = 1 << 18;
 
 #[derive(Default, Debug, Clone, Copy, serde::Serialize)]
-pub struct SymbolStats {
+pub(crate) struct SymbolStats {
     pub lookups: u64,
     pub misses: u64,
     pub errors: u64,
@@ -23,7 +23,7 @@ pub struct SymbolStats {
 }
 
 #[derive(Default)]
-pub struct Symbolizer {
+pub(crate) struct Symbolizer {
     cache: FxHashMap<(u32, u64, u64), Option<Arc<CodeInfo>>>,
     pub stats: SymbolStats,
 }
@@ -31,7 +31,7 @@ pub struct Symbolizer {
 impl Symbolizer {
     /// The code object `code` of process `pid` as it was when the kernel saw tag `tag`;
     /// `None` when it cannot be read or no longer matches.
-    pub fn code(
+    pub(crate) fn code(
         &mut self,
         pid: u32,
         layout: &PyLayout,
@@ -66,15 +66,11 @@ impl Symbolizer {
     }
 
     /// Drops everything cached for an exited process.
-    pub fn forget_process(&mut self, pid: u32) {
+    pub(crate) fn forget_process(&mut self, pid: u32) {
         self.cache.retain(|&(p, _, _), _| p != pid);
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.cache.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
     }
 }

@@ -16,13 +16,13 @@ use prometheus_client::registry::Registry;
 use crate::agent::push::PushStats;
 
 /// The OpenMetrics content type `prometheus-client` encodes.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 type Labels = Vec<(&'static str, &'static str)>;
 
 /// The agent's counters at one moment.
 #[derive(Clone, Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub samples: u64,
     pub truncated: u64,
     /// (reason, samples lost).
@@ -43,7 +43,7 @@ pub struct Snapshot {
     pub pull_refused: u64,
 }
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     samples: Counter,
     truncated: Counter,
@@ -186,7 +186,7 @@ fn gauge(value: u64) -> i64 {
 
 impl Metrics {
     /// The text of a scrape showing `snapshot`.
-    pub fn render(&self, snapshot: &Snapshot) -> String {
+    pub(crate) fn render(&self, snapshot: &Snapshot) -> String {
         raise(&self.samples, snapshot.samples);
         raise(&self.truncated, snapshot.truncated);
         for &(reason, n) in &snapshot.dropped {
@@ -258,7 +258,7 @@ impl Metrics {
 }
 
 /// The agent's own CPU time so far: (user, system) seconds, all threads.
-pub fn own_cpu() -> (f64, f64) {
+pub(crate) fn own_cpu() -> (f64, f64) {
     match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
         Ok(usage) => {
             let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
@@ -269,7 +269,7 @@ pub fn own_cpu() -> (f64, f64) {
 }
 
 /// The agent's resident memory, from `/proc/self/statm`.
-pub fn own_rss() -> u64 {
+pub(crate) fn own_rss() -> u64 {
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
         .ok()
         .flatten()

@@ -9,10 +9,10 @@
 //! kernel's ring buffer once a second, and does nothing per sample but aggregate; profiles are
 //! encoded once per interval. BENCHMARKS.md has the measured CPU and memory.
 
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod push;
-pub mod server;
-pub mod window;
+pub(crate) mod server;
+pub(crate) mod window;
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -30,7 +30,7 @@ use server::{Filter, Request};
 use window::{Window, Windows};
 
 /// Pulls being collected at once; more are refused (503) until one ends.
-pub const MAX_PULLS: usize = 4;
+pub(crate) const MAX_PULLS: usize = 4;
 /// Distinct (labels, stack) keys of one pull's profile.
 const MAX_PULL_STACKS: usize = 65_536;
 /// How often the agent checks for a window or a pull that is due.

@@ -39,11 +39,11 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::Engine;
 
 /// The Connect unary route of Pyroscope's `push.v1.PusherService.Push`.
-pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
+pub(crate) const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 /// The longest `Retry-After` honoured; a longer one (or a date years ahead) is cut to this.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// Bytes of a response body read: enough for a Connect error's JSON message.
-pub const MAX_RESPONSE_BODY: u64 = 4096;
+pub(crate) const MAX_RESPONSE_BODY: u64 = 4096;
 /// Bytes of an error text kept for logs and `/metrics`.
 const MAX_ERROR_TEXT: usize = 512;
 
@@ -297,7 +297,7 @@ pub(crate) fn classify(status: u16, retry_after: Option<Duration>, error: String
 
 /// A `Retry-After` value: delay-seconds or an HTTP-date (RFC 9110 §10.2.3). A date in the past
 /// means now; anything else is `None` and the backoff decides.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         // More digits than a u64 holds is still "a long time".

@@ -17,9 +17,9 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// Requests waiting for the loop at once.
-pub const MAX_IN_FLIGHT: usize = 16;
+pub(crate) const MAX_IN_FLIGHT: usize = 16;
 /// Longest profile a pull may ask for.
-pub const MAX_SECONDS: u64 = 300;
+pub(crate) const MAX_SECONDS: u64 = 300;
 /// What `go tool pprof` and Go's `net/http/pprof` take when `seconds` is absent.
 const DEFAULT_SECONDS: u64 = 30;
 /// How long `/healthz` and `/metrics` wait for the loop.
@@ -27,13 +27,13 @@ const LOOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a pull wants profiled.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Filter {
+pub(crate) struct Filter {
     pub pid: Option<u32>,
     pub service: Option<String>,
 }
 
 /// A request handed to the sampling loop.
-pub enum Request {
+pub(crate) enum Request {
     /// A pprof of the next `seconds`, or why not.
     Profile {
         seconds: u64,
@@ -58,7 +58,9 @@ struct ProfileQuery {
 }
 
 /// Binds `addr` and serves until the runtime ends. Requests arrive on the returned channel.
-pub async fn serve(addr: &str) -> std::io::Result<(mpsc::UnboundedReceiver<Request>, String)> {
+pub(crate) async fn serve(
+    addr: &str,
+) -> std::io::Result<(mpsc::UnboundedReceiver<Request>, String)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?.to_string();
     let (loop_tx, rx) = mpsc::unbounded_channel();

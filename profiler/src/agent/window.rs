@@ -27,22 +27,22 @@ use crate::proto::types::v1 as types;
 use crate::session::Resolved;
 
 /// Services with a profile in one window.
-pub const MAX_SERVICES: usize = 256;
+pub(crate) const MAX_SERVICES: usize = 256;
 /// Distinct (labels, stack) keys of one service's profile in one window. At 19 Hz a 15 s
 /// window of a 64-CPU host holds at most ~18 k samples, so the cap only bites on pathological
 /// stack churn.
-pub const MAX_WINDOW_STACKS: usize = 8192;
+pub(crate) const MAX_WINDOW_STACKS: usize = 8192;
 /// Processes a window keeps labels of, per service.
 const MAX_PROCESSES: usize = 4096;
 
 /// A profile being filled, and whom it covers.
-pub struct Window {
+pub(crate) struct Window {
     aggregator: Aggregator,
     processes: BTreeMap<u32, Arc<ProcessLabels>>,
 }
 
 impl Window {
-    pub fn new(stack_limit: usize) -> Window {
+    pub(crate) fn new(stack_limit: usize) -> Window {
         Window {
             aggregator: Aggregator::new(Profile::with_stack_limit(stack_limit), false, false)
                 .with_labels(true),
@@ -50,7 +50,7 @@ impl Window {
         }
     }
 
-    pub fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+    pub(crate) fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
         if self.processes.len() < MAX_PROCESSES {
             self.processes
                 .entry(process.pid)
@@ -59,12 +59,17 @@ impl Window {
         self.aggregator.add(sample, process);
     }
 
-    pub fn samples(&self) -> u64 {
+    pub(crate) fn samples(&self) -> u64 {
         self.aggregator.profile.samples
     }
 
     /// The gzipped pprof of what was collected since `started`.
-    pub fn pprof(self, started: SystemTime, elapsed: Duration, rate_hz: u64) -> (Vec<u8>, Stats) {
+    pub(crate) fn pprof(
+        self,
+        started: SystemTime,
+        elapsed: Duration,
+        rate_hz: u64,
+    ) -> (Vec<u8>, Stats) {
         let mut profile = self.aggregator.profile;
         profile.timing = Timing {
             start_unix_ns: started
@@ -86,13 +91,13 @@ impl Window {
 
 /// Counts of one cut profile.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub samples: u64,
     pub over_limit: u64,
 }
 
 /// One service's profile of a window, ready to push.
-pub struct Cut {
+pub(crate) struct Cut {
     pub service: String,
     pub labels: Vec<(String, String)>,
     pub pprof: Vec<u8>,
@@ -101,7 +106,7 @@ pub struct Cut {
 
 impl Cut {
     /// The Pyroscope `PushRequest` holding this profile.
-    pub fn push_request(&self) -> Vec<u8> {
+    pub(crate) fn push_request(&self) -> Vec<u8> {
         push::PushRequest {
             series: vec![push::RawProfileSeries {
                 labels: self
@@ -124,7 +129,7 @@ impl Cut {
 }
 
 /// The current window of every service.
-pub struct Windows {
+pub(crate) struct Windows {
     by_service: BTreeMap<String, Window>,
     started: SystemTime,
     started_at: Instant,
@@ -139,7 +144,7 @@ pub struct Windows {
 }
 
 impl Windows {
-    pub fn new(hostname: String, operator: OperatorLabels) -> Windows {
+    pub(crate) fn new(hostname: String, operator: OperatorLabels) -> Windows {
         Windows {
             by_service: BTreeMap::new(),
             started: SystemTime::now(),
@@ -152,7 +157,7 @@ impl Windows {
         }
     }
 
-    pub fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+    pub(crate) fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
         let service = service_of(&self.operator, process);
         if let Some(window) = self.by_service.get_mut(service) {
             window.add(sample, process);
@@ -168,16 +173,16 @@ impl Windows {
         self.by_service.insert(service, window);
     }
 
-    pub fn services(&self) -> usize {
+    pub(crate) fn services(&self) -> usize {
         self.by_service.len()
     }
 
-    pub fn age(&self) -> Duration {
+    pub(crate) fn age(&self) -> Duration {
         self.started_at.elapsed()
     }
 
     /// Ends the window: one profile per service that has samples, and a new window starts.
-    pub fn cut(&mut self, rate_hz: u64) -> Vec<Cut> {
+    pub(crate) fn cut(&mut self, rate_hz: u64) -> Vec<Cut> {
         let elapsed = self.started_at.elapsed();
         let started = self.started;
         self.started = SystemTime::now();
@@ -241,7 +246,7 @@ impl Windows {
 }
 
 /// The service a process's samples go to: the operator's `service_name`, else its own.
-pub fn service_of<'a>(operator: &'a OperatorLabels, process: &'a PythonProcess) -> &'a str {
+pub(crate) fn service_of<'a>(operator: &'a OperatorLabels, process: &'a PythonProcess) -> &'a str {
     operator
         .get("service_name")
         .unwrap_or(&process.identity.service_name)

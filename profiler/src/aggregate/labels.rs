@@ -12,33 +12,33 @@ use rustc_hash::FxHashMap;
 use crate::discovery::PythonProcess;
 
 /// Index of an interned label set in its [`super::Profile`].
-pub type LabelSetId = u32;
+pub(crate) type LabelSetId = u32;
 
 /// The empty label set, interned in every profile.
-pub const NO_LABELS: LabelSetId = 0;
+pub(crate) const NO_LABELS: LabelSetId = 0;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LabelValue {
+pub(crate) enum LabelValue {
     /// pprof's `Label.num`: pid and tid, so that consumers can filter them as numbers.
     Num(i64),
     Str(Arc<str>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Label {
+pub(crate) struct Label {
     pub key: &'static str,
     pub value: LabelValue,
 }
 
 impl Label {
-    pub fn num(key: &'static str, value: i64) -> Label {
+    pub(crate) fn num(key: &'static str, value: i64) -> Label {
         Label {
             key,
             value: LabelValue::Num(value),
         }
     }
 
-    pub fn str(key: &'static str, value: impl Into<Arc<str>>) -> Label {
+    pub(crate) fn str(key: &'static str, value: impl Into<Arc<str>>) -> Label {
         Label {
             key,
             value: LabelValue::Str(value.into()),
@@ -49,7 +49,7 @@ impl Label {
 /// The labels every sample of a process carries, besides its numeric `pid` and `tid`:
 /// `process` (the short command), `service_name` (see [`crate::identity`]) and, when it runs
 /// in one, `container_id`. The one place per-process labels come from.
-pub fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
+pub(crate) fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
     let mut labels = vec![
         ("process", process.command.clone()),
         ("service_name", process.identity.service_name.clone()),

@@ -14,14 +14,14 @@
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
-pub mod labels;
-pub mod stacks;
+pub(crate) mod labels;
+pub(crate) mod stacks;
 
-pub use labels::{Label, LabelSetId, LabelValue, NO_LABELS};
+pub(crate) use labels::{Label, LabelSetId, LabelValue, NO_LABELS};
 
 /// What a frame in an aggregated stack stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FrameKind {
+pub(crate) enum FrameKind {
     /// `<command> (<pid>)`: the root of every stack when a recording covers several processes.
     Process,
     /// `thread <tid> (<name>)`, with `--threads`.
@@ -41,18 +41,18 @@ pub enum FrameKind {
 impl FrameKind {
     /// Process and thread frames stand for who ran a stack, not for code: pprof carries them as
     /// sample labels instead.
-    pub fn is_label(self) -> bool {
+    pub(crate) fn is_label(self) -> bool {
         matches!(self, FrameKind::Process | FrameKind::Thread)
     }
 }
 
 /// The one frame of the stack that collects samples past [`Profile::with_stack_limit`].
-pub const OVER_LIMIT: &str = "<stacks over limit>";
+pub(crate) const OVER_LIMIT: &str = "<stacks over limit>";
 
 /// One distinct frame. Python frames with the same function (qualname, file, first line) and
 /// line are one frame.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Frame {
+pub(crate) struct Frame {
     pub kind: FrameKind,
     /// Function qualname for Python frames; the label otherwise.
     pub name: Arc<str>,
@@ -67,7 +67,7 @@ pub struct Frame {
 
 impl Frame {
     /// A frame that is only a name: process, thread, truncation and other markers.
-    pub fn marker(kind: FrameKind, name: impl Into<Arc<str>>) -> Frame {
+    pub(crate) fn marker(kind: FrameKind, name: impl Into<Arc<str>>) -> Frame {
         Frame {
             kind,
             name: name.into(),
@@ -79,7 +79,7 @@ impl Frame {
 
     /// `function (file:line)` for Python frames, `function (module)` for native ones, the
     /// bare label otherwise.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match (&self.file, self.kind) {
             (Some(module), FrameKind::Native) => format!("{} ({module})", self.name),
             (file, _) => python_label(&self.name, file.as_deref(), self.line),
@@ -89,19 +89,19 @@ impl Frame {
 
 /// `function (file:line)`, or the bare name without a file: how a Python frame reads in every
 /// output and in `top`.
-pub fn python_label(name: &str, file: Option<&str>, line: u32) -> String {
+pub(crate) fn python_label(name: &str, file: Option<&str>, line: u32) -> String {
     match file {
         Some(file) => format!("{name} ({file}:{line})"),
         None => name.to_string(),
     }
 }
 
-pub type FrameId = u32;
+pub(crate) type FrameId = u32;
 
 /// All samples of a recording (or of one window of the agent): interned frames and label sets,
 /// and root-first stacks with their counts.
 #[derive(Debug)]
-pub struct Profile {
+pub(crate) struct Profile {
     frames: Vec<Frame>,
     index: FxHashMap<Frame, FrameId>,
     labels: labels::Interner,
@@ -122,7 +122,7 @@ pub struct Profile {
 
 /// When a profile's samples were taken and what one sample stands for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Timing {
+pub(crate) struct Timing {
     /// Wall-clock start, nanoseconds since the Unix epoch (0: unknown).
     pub start_unix_ns: u64,
     /// Nanoseconds covered (0: unknown).
@@ -140,7 +140,7 @@ impl Default for Profile {
 impl Profile {
     /// A profile that keeps at most `limit` distinct (label set, stack) keys, plus the one
     /// [`OVER_LIMIT`] stack that collects the samples of any further key.
-    pub fn with_stack_limit(limit: usize) -> Profile {
+    pub(crate) fn with_stack_limit(limit: usize) -> Profile {
         Profile {
             frames: Vec::new(),
             index: FxHashMap::default(),
@@ -154,7 +154,7 @@ impl Profile {
         }
     }
 
-    pub fn intern(&mut self, frame: Frame) -> FrameId {
+    pub(crate) fn intern(&mut self, frame: Frame) -> FrameId {
         if let Some(&id) = self.index.get(&frame) {
             return id;
         }
@@ -165,17 +165,18 @@ impl Profile {
     }
 
     /// Interns a label set (order does not matter; see [`labels`]).
-    pub fn intern_labels(&mut self, labels: Vec<Label>) -> LabelSetId {
+    pub(crate) fn intern_labels(&mut self, labels: Vec<Label>) -> LabelSetId {
         self.labels.intern(labels)
     }
 
     /// Adds `count` samples of `stack` (root first) without labels.
-    pub fn add(&mut self, stack: &[FrameId], count: u64) {
+    #[cfg(test)]
+    pub(crate) fn add(&mut self, stack: &[FrameId], count: u64) {
         self.add_labeled(NO_LABELS, stack, count);
     }
 
     /// Adds `count` samples of `stack` (root first) taken with the label set `labels`.
-    pub fn add_labeled(&mut self, labels: LabelSetId, stack: &[FrameId], count: u64) {
+    pub(crate) fn add_labeled(&mut self, labels: LabelSetId, stack: &[FrameId], count: u64) {
         self.samples += count;
         if let Some(total) = self
             .stacks
@@ -203,27 +204,28 @@ impl Profile {
         self.keys += 1;
     }
 
-    pub fn frame(&self, id: FrameId) -> &Frame {
+    pub(crate) fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id as usize]
     }
 
-    pub fn frames(&self) -> &[Frame] {
+    pub(crate) fn frames(&self) -> &[Frame] {
         &self.frames
     }
 
     /// The labels of a set, sorted by key.
-    pub fn label_set(&self, id: LabelSetId) -> &[Label] {
+    pub(crate) fn label_set(&self, id: LabelSetId) -> &[Label] {
         self.labels.get(id)
     }
 
     /// Distinct (label set, stack) keys held.
-    pub fn stack_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn stack_count(&self) -> usize {
         self.keys
     }
 
     /// Stacks (root first) and their counts, summed over label sets; heaviest first, ties by
     /// stack, for stable output.
-    pub fn stacks(&self) -> Vec<(&[FrameId], u64)> {
+    pub(crate) fn stacks(&self) -> Vec<(&[FrameId], u64)> {
         let mut merged: FxHashMap<&[FrameId], u64> = FxHashMap::default();
         for (stack, &count) in self.stacks.values().flatten() {
             *merged.entry(stack.as_slice()).or_default() += count;
@@ -235,7 +237,7 @@ impl Profile {
 
     /// (label set, stack root first, count) for every key; heaviest first, ties by stack, then
     /// by the labels, for stable output.
-    pub fn labeled_stacks(&self) -> Vec<(LabelSetId, &[FrameId], u64)> {
+    pub(crate) fn labeled_stacks(&self) -> Vec<(LabelSetId, &[FrameId], u64)> {
         let mut stacks: Vec<_> = self
             .stacks
             .iter()

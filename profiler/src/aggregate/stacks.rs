@@ -17,10 +17,10 @@ use crate::resolve::Mixed;
 use crate::session::{PyFrame, Resolved, Session};
 
 /// Entries of each per-thread cache before it is emptied.
-pub const MAX_THREADS: usize = 1 << 16;
+pub(crate) const MAX_THREADS: usize = 1 << 16;
 
 /// Turns resolved samples into interned, root-first stacks.
-pub struct Aggregator {
+pub(crate) struct Aggregator {
     pub profile: Profile,
     by_process: bool,
     by_thread: bool,
@@ -45,7 +45,7 @@ pub struct Aggregator {
 
 impl Aggregator {
     /// An aggregator into `profile`, which decides the stack limit.
-    pub fn new(profile: Profile, by_process: bool, by_thread: bool) -> Self {
+    pub(crate) fn new(profile: Profile, by_process: bool, by_thread: bool) -> Self {
         Aggregator {
             profile,
             by_process,
@@ -67,14 +67,14 @@ impl Aggregator {
     /// Labels each sample with its pid, tid, thread name and [`process_labels`]. Off by
     /// default: it costs a `/proc` read per thread and multiplies the keys of the profile by
     /// the threads, which only pprof has a use for.
-    pub fn with_labels(mut self, yes: bool) -> Self {
+    pub(crate) fn with_labels(mut self, yes: bool) -> Self {
         self.labeled = yes;
         self
     }
 
     /// Remembers the labels of newly watched processes; with `--gil`, names the ones whose
     /// build does not expose its GIL (once each).
-    pub fn note_processes(&mut self, session: &Session) {
+    pub(crate) fn note_processes(&mut self, session: &Session) {
         for p in session.watched() {
             if self.gil_only && !Session::gil_known(p) && self.gil_warned.insert(p.pid) {
                 eprintln!(
@@ -108,7 +108,7 @@ impl Aggregator {
     }
 
     /// Adds one resolved sample of `process`.
-    pub fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+    pub(crate) fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
         let command = process.command.as_str();
         if self.gil_only && !sample.holds_gil {
             self.gil_dropped += sample.weight;

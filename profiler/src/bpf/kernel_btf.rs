@@ -11,22 +11,22 @@ use btf_rs::{Btf, Type};
 /// Byte offsets for `current->signal->live`, as the kernel's `TASK_SIGNAL_OFFSET` and
 /// `SIGNAL_LIVE_OFFSET` globals want them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExitOffsets {
+pub(super) struct ExitOffsets {
     pub task_signal: u32,
     pub signal_live: u32,
 }
 
-pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+pub(super) const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 impl ExitOffsets {
     /// From the BTF blob at [`VMLINUX`], as read (not mapped: older kernels, 6.1 here,
     /// refuse to map that sysfs file).
-    pub fn from_bytes(vmlinux: &[u8]) -> Result<ExitOffsets> {
+    pub(super) fn from_bytes(vmlinux: &[u8]) -> Result<ExitOffsets> {
         let btf = Btf::from_bytes(vmlinux).with_context(|| format!("parsing {VMLINUX}"))?;
         Self::from_btf(&btf)
     }
 
-    pub fn from_btf(btf: &Btf) -> Result<ExitOffsets> {
+    pub(super) fn from_btf(btf: &Btf) -> Result<ExitOffsets> {
         let task_signal = member_offset(btf, "task_struct", "signal")?;
         let signal_live = member_offset(btf, "signal_struct", "live")?;
         // 0 tells the BPF side "unknown"; `signal` is never the first field of task_struct.
@@ -42,7 +42,7 @@ impl ExitOffsets {
 
 /// Byte offset of `field` in `struct strukt`, looking inside anonymous struct and union
 /// members (randomized or grouped layouts put fields there).
-pub fn member_offset(btf: &Btf, strukt: &str, field: &str) -> Result<u32> {
+pub(super) fn member_offset(btf: &Btf, strukt: &str, field: &str) -> Result<u32> {
     let types = btf
         .resolve_types_by_name(strukt)
         .with_context(|| format!("struct {strukt} is not in the kernel's BTF"))?;

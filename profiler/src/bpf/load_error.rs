@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use aya::programs::ProgramError;
 
 #[derive(Debug)]
-pub struct LoadError {
+pub(crate) struct LoadError {
     pub program: String,
     pub kernel: String,
     /// What the verifier's log ends with, or the syscall error when there is no log.
@@ -20,7 +20,7 @@ pub struct LoadError {
 }
 
 impl LoadError {
-    pub fn from_program(program: &str, err: ProgramError) -> anyhow::Error {
+    pub(crate) fn from_program(program: &str, err: ProgramError) -> anyhow::Error {
         let kernel = kernel_release();
         let (verdict, log) = match &err {
             ProgramError::LoadError {
@@ -61,7 +61,7 @@ impl std::fmt::Display for LoadError {
 impl std::error::Error for LoadError {}
 
 /// `uname -r`.
-pub fn kernel_release() -> String {
+pub(super) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "(unknown kernel)".into())

@@ -18,7 +18,7 @@ use aya::programs::{BtfTracePoint, PerfEvent};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{stat, ProcInfo, PyOffsets, MAX_LAYOUTS};
 
-pub use load_error::LoadError;
+pub(crate) use load_error::LoadError;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 /// The same programs with aya-log diagnostics compiled in, for `--debug-bpf`.
@@ -27,7 +27,7 @@ static OBJECT_WITH_LOG: &[u8] =
 
 /// Counters the kernel keeps per CPU, summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct KernelStats {
+pub(crate) struct KernelStats {
     pub events: u64,
     pub not_python: u64,
     pub no_tstate: u64,
@@ -58,7 +58,7 @@ pub struct KernelStats {
 
 /// Entries in the kernel's per-process and per-thread maps, for leak checks and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MapSizes {
+pub(crate) struct MapSizes {
     /// `PROCS`: registered interpreter processes.
     pub procs: usize,
     /// `THREADS`: cached thread states.
@@ -83,10 +83,10 @@ impl DebugBpf {
 }
 
 /// Bytes of user stack copied per sample in stack-copy mode unless `--native-stack` says.
-pub const DEFAULT_STACK_COPY: u32 = 16 << 10;
+pub(crate) const DEFAULT_STACK_COPY: u32 = 16 << 10;
 
 /// The loaded sampler: perf events on every online CPU feeding one ring buffer.
-pub struct Sampler {
+pub(crate) struct Sampler {
     ebpf: Ebpf,
     /// aya-log's reader, with `--debug-bpf`.
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -103,7 +103,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// Loads the programs and starts sampling every CPU at `rate_hz`.
-    pub fn start(rate_hz: u64) -> Result<Sampler> {
+    pub(crate) fn start(rate_hz: u64) -> Result<Sampler> {
         Self::start_with(rate_hz, DebugBpf::OFF, 1, DEFAULT_STACK_COPY)
     }
 
@@ -112,7 +112,7 @@ impl Sampler {
     /// kept (see the kernel's `SUBSAMPLE`): samples at random intervals averaging
     /// 1/`rate_hz`. Processes registered in stack-copy mode have `stack_copy` bytes of their
     /// user stack copied with each sample.
-    pub fn start_with(
+    pub(crate) fn start_with(
         rate_hz: u64,
         debug: DebugBpf,
         subsample: u32,
@@ -204,7 +204,7 @@ impl Sampler {
 
     /// Starts sampling process `pid`, whose `_PyRuntime` is at `runtime`. A `young` process's
     /// first samples wake userspace at once (see `ProcInfo::eager_samples`).
-    pub fn register(
+    pub(crate) fn register(
         &mut self,
         pid: u32,
         runtime: u64,
@@ -235,7 +235,7 @@ impl Sampler {
     }
 
     /// Hands what the BPF programs logged (`--debug-bpf`) to the `log` crate.
-    pub fn flush_logs(&mut self) {
+    pub(crate) fn flush_logs(&mut self) {
         if let Some(logger) = self.logger.as_mut() {
             logger.flush();
         }
@@ -243,7 +243,7 @@ impl Sampler {
 
     /// Sets `pid`'s `ProcInfo::running_task_offset` (`--async`: the offset was found after
     /// the process was registered). False when the process is not registered.
-    pub fn set_running_task_offset(&mut self, pid: u32, offset: u32) -> bool {
+    pub(crate) fn set_running_task_offset(&mut self, pid: u32, offset: u32) -> bool {
         let Ok(mut info) = self.procs.get(&pid, 0) else {
             return false;
         };
@@ -251,17 +251,12 @@ impl Sampler {
         self.procs.insert(pid, info, 0).is_ok()
     }
 
-    pub fn unregister(&mut self, pid: u32) {
+    pub(crate) fn unregister(&mut self, pid: u32) {
         let _ = self.procs.remove(&pid);
     }
 
-    /// Processes currently registered in the kernel.
-    pub fn registered(&self) -> usize {
-        self.procs.keys().count()
-    }
-
     /// Pids in `PROCS` and tids in `THREADS` right now (one map walk each).
-    pub fn map_sizes(&self) -> MapSizes {
+    pub(crate) fn map_sizes(&self) -> MapSizes {
         MapSizes {
             procs: self.procs.keys().count(),
             threads: self.threads.keys().count(),
@@ -269,7 +264,7 @@ impl Sampler {
     }
 
     /// The pids registered in `PROCS` and the tids cached in `THREADS`.
-    pub fn map_keys(&self) -> (Vec<u32>, Vec<u32>) {
+    pub(crate) fn map_keys(&self) -> (Vec<u32>, Vec<u32>) {
         (
             self.procs.keys().filter_map(|k| k.ok()).collect(),
             self.threads.keys().filter_map(|k| k.ok()).collect(),
@@ -292,10 +287,6 @@ impl Sampler {
         Ok(id)
     }
 
-    pub fn layouts_loaded(&self) -> usize {
-        self.layout_ids.len()
-    }
-
     /// What the kernel reports about the loaded sampler program.
     fn program_info(&self) -> Option<aya::programs::ProgramInfo> {
         let program = self.ebpf.program("sample")?;
@@ -304,21 +295,21 @@ impl Sampler {
 
     /// Time the kernel spent in the sampler program and how often it ran; zero unless
     /// `kernel.bpf_stats_enabled` is set.
-    pub fn program_runtime(&self) -> (u64, u64) {
+    pub(crate) fn program_runtime(&self) -> (u64, u64) {
         self.program_info()
             .map(|i| (i.run_time().as_nanos() as u64, i.run_count()))
             .unwrap_or((0, 0))
     }
 
     /// Bytes of the sampler program as the kernel runs it: after the verifier, and JITed.
-    pub fn program_size(&self) -> (u32, u32) {
+    pub(crate) fn program_size(&self) -> (u32, u32) {
         self.program_info()
             .map(|i| (i.size_translated().unwrap_or(0), i.size_jitted()))
             .unwrap_or((0, 0))
     }
 
     /// Exec/exit notifications the kernel could not queue: one map read.
-    pub fn proc_event_drops(&self) -> u64 {
+    pub(crate) fn proc_event_drops(&self) -> u64 {
         self.stat(stat::PROC_EVENT_DROPS)
     }
 
@@ -329,7 +320,7 @@ impl Sampler {
             .unwrap_or(0)
     }
 
-    pub fn stats(&self) -> KernelStats {
+    pub(crate) fn stats(&self) -> KernelStats {
         let sum = |index: u32| self.stat(index);
         KernelStats {
             events: sum(stat::EVENTS),

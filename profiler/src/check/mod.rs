@@ -23,7 +23,7 @@ use crate::elf::ElfCache;
 /// How a fact bears on running pyebpf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub(crate) enum Status {
     /// ✔: as pyebpf needs it.
     Ok,
     /// ✘: pyebpf cannot run here until this is fixed.
@@ -44,7 +44,7 @@ impl Status {
 
 /// One fact about the host.
 #[derive(Clone, Debug, Serialize)]
-pub struct Fact {
+pub(crate) struct Fact {
     /// Stable name for scripts: `kernel`, `btf`, `capabilities`, `perf_event_paranoid`,
     /// `lockdown`, `unprivileged_bpf_disabled`, `bpf_programs`.
     pub id: &'static str,
@@ -86,7 +86,7 @@ impl Fact {
 
 /// Everything `pyebpf check` found, as `--json` prints it.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// No fact is `fail`.
     pub ready: bool,
     pub host: Vec<Fact>,
@@ -133,7 +133,7 @@ impl Report {
     }
 }
 
-pub fn run(args: CheckArgs) -> Result<i32> {
+pub(crate) fn run(args: CheckArgs) -> Result<i32> {
     let report = Report::gather();
     let text = if args.json {
         serde_json::to_string_pretty(&report)? + "\n"
@@ -152,7 +152,7 @@ pub fn run(args: CheckArgs) -> Result<i32> {
 
 /// Checks `record` and `top` run before anything is loaded: privileges, then that every
 /// requested pid is a CPython process pyebpf can profile. Both are usage errors (exit code 2).
-pub fn preflight(pids: &[u32]) -> Result<()> {
+pub(crate) fn preflight(pids: &[u32]) -> Result<()> {
     crate::privileges::check()?;
     let elves = ElfCache::default();
     for &pid in pids {

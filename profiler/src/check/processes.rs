@@ -10,7 +10,7 @@ use crate::procfs;
 use crate::python::layout::LayoutSource;
 
 #[derive(Debug, Default, Serialize)]
-pub struct Processes {
+pub(crate) struct Processes {
     /// Interpreters pyebpf can profile.
     pub supported: Vec<Supported>,
     /// Python processes pyebpf cannot profile, with the reason.
@@ -20,7 +20,7 @@ pub struct Processes {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Supported {
+pub(crate) struct Supported {
     pub pid: u32,
     pub command: String,
     /// `3.11.2`.
@@ -43,7 +43,7 @@ pub struct Supported {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Unsupported {
+pub(crate) struct Unsupported {
     pub pid: u32,
     pub command: String,
     /// The CPython version and runtime binary, when they were found.
@@ -55,7 +55,7 @@ pub struct Unsupported {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Unreadable {
+pub(crate) struct Unreadable {
     pub pid: u32,
     pub command: String,
     pub error: String,

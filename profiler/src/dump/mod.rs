@@ -15,14 +15,14 @@ use crate::elf::ElfCache;
 use crate::python::asyncio::AsyncError;
 use crate::symbolize::Symbolizer;
 
-pub mod native;
-pub mod snapshot;
-pub mod tasks;
+pub(crate) mod native;
+pub(crate) mod snapshot;
+pub(crate) mod tasks;
 mod text;
 
 use snapshot::ProcessDump;
 
-pub fn run(args: DumpArgs) -> Result<i32> {
+pub(crate) fn run(args: DumpArgs) -> Result<i32> {
     if args.native.native {
         crate::privileges::check()?;
     }

@@ -24,7 +24,7 @@ const WINDOW_RATE_HZ: u64 = 997;
 /// What `--native` found for one thread.
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum NativeDump {
+pub(crate) enum NativeDump {
     /// Its last stack sampled on a CPU, Python and native frames merged, most recent first.
     Sampled {
         /// How long before the Python snapshot it was sampled.
@@ -36,7 +36,7 @@ pub enum NativeDump {
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct MixedFrame {
+pub(crate) struct MixedFrame {
     /// `python`, `native` or `marker` (where native frames are missing).
     pub kind: &'static str,
     pub function: String,
@@ -48,7 +48,7 @@ pub struct MixedFrame {
 }
 
 /// The last stack sampled of each (pid, host tid), and when.
-pub type Sampled = HashMap<(u32, u32), (Instant, Vec<MixedFrame>)>;
+pub(crate) type Sampled = HashMap<(u32, u32), (Instant, Vec<MixedFrame>)>;
 
 /// The sink of the window.
 #[derive(Default)]
@@ -118,7 +118,11 @@ impl Sink for LastStacks {
 }
 
 /// Samples `pids` with native stacks for `window`; the last stack of each thread seen on a CPU.
-pub fn sample_window(pids: &[u32], window: Duration, native: NativeOptions) -> Result<Sampled> {
+pub(crate) fn sample_window(
+    pids: &[u32],
+    window: Duration,
+    native: NativeOptions,
+) -> Result<Sampled> {
     let options = Options {
         scope: Scope::Pids(pids.to_vec()),
         rate_hz: WINDOW_RATE_HZ,
@@ -146,7 +150,7 @@ pub fn sample_window(pids: &[u32], window: Duration, native: NativeOptions) -> R
 }
 
 /// What to show for a thread: its sampled stack, or why there is none.
-pub fn for_thread(
+pub(crate) fn for_thread(
     stacks: &Sampled,
     pid: u32,
     tid: u32,

@@ -23,7 +23,7 @@ const MAX_ATTEMPTS: usize = 16;
 const MAX_DUMP_FRAMES: u32 = 4096;
 
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct ProcessDump {
+pub(crate) struct ProcessDump {
     pub pid: u32,
     /// The pid inside its own pid namespace (a container), when that is not the host's.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -40,7 +40,7 @@ pub struct ProcessDump {
 /// Whether a thread was running when it was looked at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ThreadState {
+pub(crate) enum ThreadState {
     /// On a CPU, or ready to run (`R` in `/proc`).
     Running,
     /// Sleeping, waiting (for I/O, a lock, the GIL) or stopped.
@@ -50,7 +50,7 @@ pub enum ThreadState {
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct ThreadDump {
+pub(crate) struct ThreadDump {
     /// Thread id on the host (what `top -H`, `/proc` and `perf` show).
     pub tid: u32,
     /// The id inside the process's pid namespace, when that differs.
@@ -79,7 +79,7 @@ pub struct ThreadDump {
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct FrameDump {
+pub(crate) struct FrameDump {
     pub function: String,
     pub file: String,
     pub line: u32,
@@ -89,7 +89,7 @@ pub struct FrameDump {
 }
 
 /// Looks at every thread of `proc` once.
-pub fn snapshot(
+pub(crate) fn snapshot(
     proc: &PythonProcess,
     symbols: &mut Symbolizer,
     locals: bool,

@@ -17,7 +17,7 @@ use super::snapshot::{frame, FrameDump};
 const MAX_TREE_DEPTH: usize = 64;
 
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct TaskDump {
+pub(crate) struct TaskDump {
     /// The task object's address (`0x…`), as `asyncio ps` shows it.
     pub id: String,
     pub name: String,
@@ -33,7 +33,7 @@ pub struct TaskDump {
 }
 
 /// Every task of `proc`, or why there are none to show.
-pub fn tasks(
+pub(crate) fn tasks(
     proc: &PythonProcess,
     symbols: &mut Symbolizer,
     locals: bool,
@@ -73,7 +73,7 @@ pub fn tasks(
 /// The task tree as text: each root task, then the tasks awaiting nothing but it, indented,
 /// each with its coroutine stack. A task awaited by several is shown under the first and
 /// named under the others; tasks in a cycle (no root) are listed at the end.
-pub fn render(out: &mut String, tasks: &[TaskDump]) {
+pub(crate) fn render(out: &mut String, tasks: &[TaskDump]) {
     let by_id: HashMap<&str, &TaskDump> = tasks.iter().map(|t| (t.id.as_str(), t)).collect();
     let mut children: HashMap<&str, Vec<&TaskDump>> = HashMap::new();
     for t in tasks {

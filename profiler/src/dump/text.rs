@@ -6,7 +6,7 @@ use std::fmt::Write;
 use super::native::NativeDump;
 use super::snapshot::{ProcessDump, ThreadDump, ThreadState};
 
-pub fn render(dumps: &[ProcessDump]) -> String {
+pub(super) fn render(dumps: &[ProcessDump]) -> String {
     let mut out = String::new();
     for (i, p) in dumps.iter().enumerate() {
         if i > 0 {

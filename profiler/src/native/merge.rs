@@ -26,7 +26,7 @@
 
 /// What a native frame is to the merge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// `_PyEval_EvalFrameDefault` (or its `.cold` part): one activation.
     Eval,
     /// A tail-calling interpreter's opcode handler: part of the activation below it.
@@ -39,7 +39,7 @@ pub enum Role {
 
 /// One native frame as the merge sees it.
 #[derive(Clone, Copy, Debug)]
-pub struct NativeIn {
+pub(crate) struct NativeIn {
     pub role: Role,
     /// The stack pointer in this frame (0: unknown).
     pub sp: u64,
@@ -54,7 +54,7 @@ pub struct NativeIn {
 
 impl NativeIn {
     /// A frame of the given role, inside or outside the interpreter, named.
-    pub fn new(role: Role, sp: u64, interpreter: bool) -> NativeIn {
+    pub(crate) fn new(role: Role, sp: u64, interpreter: bool) -> NativeIn {
         NativeIn {
             role,
             sp,
@@ -71,7 +71,7 @@ impl NativeIn {
 /// only near its entry). An entry frame inside a frame of other code (a frame-pointer walk
 /// skips the caller of code without frame pointers, here the eval loop) gets an eval frame of
 /// its own, just rootward of that frame.
-pub fn anchor(native: &mut Vec<NativeIn>, groups: &[Group]) {
+pub(crate) fn anchor(native: &mut Vec<NativeIn>, groups: &[Group]) {
     for group in groups {
         let Some(entry) = group.entry else {
             continue;
@@ -102,26 +102,26 @@ pub fn anchor(native: &mut Vec<NativeIn>, groups: &[Group]) {
 /// closes it, when it has one on the C stack. The groups cover every Python frame; the last
 /// one is open (`entry: None`) when no entry frame closed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Group {
+pub(crate) struct Group {
     pub end: usize,
     pub entry: Option<u64>,
 }
 
 /// One frame of the merged stack (leaf first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Python(usize),
     Native(usize),
     Marker(&'static str),
 }
 
 /// Marks where the native stack stopped short of its root.
-pub const NATIVE_TRUNCATED: &str = "<native stack truncated>";
+pub(crate) const NATIVE_TRUNCATED: &str = "<native stack truncated>";
 /// Marks a stack whose native part could not be merged (its Python frames are whole).
-pub const NATIVE_UNMERGED: &str = "<native frames unavailable>";
+pub(crate) const NATIVE_UNMERGED: &str = "<native frames unavailable>";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Every activation found its group.
     Merged,
     /// The native stack ended early; its activations were paired with the leafmost groups.
@@ -132,7 +132,7 @@ pub enum Outcome {
 
 /// Merges `native` (leaf first, `complete` when it reached the thread's root) with `groups`
 /// of `python_len` Python frames. Returns the outcome; `out` gets the merged stack.
-pub fn merge(
+pub(crate) fn merge(
     native: &[NativeIn],
     complete: bool,
     groups: &[Group],
@@ -270,7 +270,7 @@ const ROOT_PLUMBING: &[&str] = &[
 ];
 
 /// What a native frame is to the merge, from its function and module.
-pub fn role(function: Option<&str>, module: &str, interpreter: &str) -> Role {
+pub(crate) fn role(function: Option<&str>, module: &str, interpreter: &str) -> Role {
     if module != interpreter {
         return match function {
             Some(f) if ROOT_PLUMBING.contains(&f) => Role::Internal,

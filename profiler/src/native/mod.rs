@@ -12,7 +12,7 @@
 //! kept until [`Native::forget`], so samples still queued when it exits are named from the
 //! cached files. Garbage from the target (registers, stack bytes) never panics.
 
-pub mod merge;
+pub(crate) mod merge;
 mod modules;
 mod symbols;
 mod unwind;
@@ -22,21 +22,21 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-pub use modules::FileKey;
+pub(crate) use modules::FileKey;
 use modules::{FileCache, Mapping};
 use symbols::Symbols;
 use unwind::{ProcessUnwinder, RawFrame, RuleCache};
 
 /// Processes kept; past this the least recently sampled one is dropped
 /// (`process_evictions`), and rebuilt from `/proc` if it is sampled again.
-pub const MAX_PROCESSES: usize = 1024;
+pub(crate) const MAX_PROCESSES: usize = 1024;
 /// A process's mappings are re-read at most this often when an address falls outside them
 /// (a library loaded since, or JIT code that no re-read will explain).
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The user registers at the interrupt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Regs {
+pub(crate) struct Regs {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
@@ -44,7 +44,7 @@ pub struct Regs {
 
 /// One native frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NativeFrame {
+pub(crate) struct NativeFrame {
     /// The address as captured: the interrupted ip for the first frame, else a return address.
     pub ip: u64,
     /// The stack pointer in this frame (see `unwind::RawFrame::sp`); 0 when unknown (frame
@@ -65,7 +65,7 @@ pub struct NativeFrame {
 
 /// How a walk ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum StackEnd {
+pub(crate) enum StackEnd {
     /// The outermost frame was reached (a null return address, or CFI says so).
     Complete,
     /// The walk needed stack bytes beyond the copy: the stack is deeper than the copy.
@@ -77,14 +77,14 @@ pub enum StackEnd {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NativeStack {
+pub(crate) struct NativeStack {
     /// Leaf first.
     pub frames: Vec<NativeFrame>,
     pub end: StackEnd,
 }
 
 #[derive(Default, Debug, Clone, Copy, serde::Serialize)]
-pub struct NativeStats {
+pub(crate) struct NativeStats {
     /// Stack copies walked.
     pub unwinds: u64,
     pub unwind_complete: u64,
@@ -126,7 +126,7 @@ struct Process {
 }
 
 /// Native stacks for every profiled process.
-pub struct Native {
+pub(crate) struct Native {
     processes: FxHashMap<u32, Process>,
     files: FileCache,
     symbols: Symbols,
@@ -142,7 +142,7 @@ impl Default for Native {
 }
 
 impl Native {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             processes: FxHashMap::default(),
             files: FileCache::default(),
@@ -155,7 +155,7 @@ impl Native {
 
     /// Unwinds a stack copy of `pid` (`stack` holds the bytes from `regs.sp`) and names its
     /// frames.
-    pub fn from_copy(&mut self, pid: u32, regs: Regs, stack: &[u8]) -> NativeStack {
+    pub(crate) fn unwind_copy(&mut self, pid: u32, regs: Regs, stack: &[u8]) -> NativeStack {
         self.stats.unwinds += 1;
         self.touch(pid);
         if !self.covered(pid, regs.ip) {
@@ -186,7 +186,7 @@ impl Native {
     /// interrupted ip, then return addresses). `complete` when the chain ended at a null frame
     /// pointer; a walk cut short (code without frame pointers broke the chain) is
     /// `OutOfStack`.
-    pub fn from_frame_pointers(
+    pub(crate) fn symbolize_frame_pointers(
         &mut self,
         pid: u32,
         pairs: &[(u64, u64)],
@@ -224,11 +224,11 @@ impl Native {
 
     /// Drops what is kept for `pid` (it exited and its queued samples are done). Its files
     /// stay cached for other processes.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
     }
 
-    pub fn stats(&self) -> NativeStats {
+    pub(crate) fn stats(&self) -> NativeStats {
         let files = self.files.stats;
         let symbols = self.symbols.stats;
         NativeStats {

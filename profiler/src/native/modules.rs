@@ -26,10 +26,10 @@ use object::{Endianness, Object, ObjectSection, ObjectSegment, ReadCache};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Files kept; past this the least recently used one is dropped (`file_cache_evictions`).
-pub const MAX_FILES: usize = 512;
+pub(super) const MAX_FILES: usize = 512;
 /// Bigger files are not read: no real shared library comes close, and a container could map
 /// anything.
-pub const MAX_FILE_SIZE: u64 = 1 << 30;
+pub(super) const MAX_FILE_SIZE: u64 = 1 << 30;
 /// An unwind section bigger than this is not copied (the biggest `.eh_frame` of a browser
 /// engine is ~10 MB).
 const MAX_SECTION_SIZE: u64 = 64 << 20;
@@ -40,7 +40,7 @@ const PAGE: u64 = 4096;
 /// One file on one host, as `/proc/PID/maps` identifies it: the same in every process and
 /// mount namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileKey {
+pub(crate) struct FileKey {
     pub dev: u64,
     pub inode: u64,
 }
@@ -60,12 +60,12 @@ pub(crate) struct Mapping {
 
 impl Mapping {
     /// The file offset of `addr`, which must lie inside the mapping.
-    pub fn file_offset(&self, addr: u64) -> u64 {
+    pub(super) fn file_offset(&self, addr: u64) -> u64 {
         addr - self.start + self.offset
     }
 
     /// A path through which this process can open the mapped file.
-    pub fn openable_paths(&self, pid: u32) -> [PathBuf; 2] {
+    pub(super) fn openable_paths(&self, pid: u32) -> [PathBuf; 2] {
         [
             PathBuf::from(format!(
                 "/proc/{pid}/map_files/{:x}-{:x}",
@@ -76,7 +76,7 @@ impl Mapping {
     }
 
     /// The file name shown for frames of this mapping (`libc.so.6`).
-    pub fn display_name(&self) -> Arc<str> {
+    pub(super) fn display_name(&self) -> Arc<str> {
         match self.path.rsplit_once('/') {
             Some((_, name)) if !name.is_empty() => Arc::from(name),
             _ => self.path.clone(),
@@ -177,7 +177,7 @@ pub(crate) struct LoadedFile {
 impl LoadedFile {
     /// The address the file's virtual address 0 lands at, for an executable mapping of this
     /// file. `None` when no executable segment holds the mapping's offset.
-    pub fn load_bias(&self, mapping: &Mapping) -> Option<u64> {
+    pub(super) fn load_bias(&self, mapping: &Mapping) -> Option<u64> {
         // The kernel maps whole pages: the mapping starts at the page holding the segment's
         // first byte, so its offset may be below the segment's `p_offset`.
         let segment = self.segments.iter().find(|s| {
@@ -220,7 +220,7 @@ pub(crate) enum LoadError {
 }
 
 #[derive(Default, Debug, Clone, Copy, serde::Serialize)]
-pub struct FileStats {
+pub(super) struct FileStats {
     pub files_loaded: u64,
     pub file_errors: u64,
     /// Files whose symbols blazesym could not open (unwinding still works).
@@ -243,7 +243,7 @@ pub(crate) struct FileCache {
 impl FileCache {
     /// The file mapped by `mapping` of `pid`, read on first use. `None` when it cannot be
     /// read (counted, logged at debug level).
-    pub fn get(&mut self, pid: u32, mapping: &Mapping) -> Option<&LoadedFile> {
+    pub(super) fn get(&mut self, pid: u32, mapping: &Mapping) -> Option<&LoadedFile> {
         let key = mapping.file?;
         self.clock += 1;
         let clock = self.clock;
@@ -280,7 +280,7 @@ impl FileCache {
     }
 
     /// The file if it is cached, without reading anything.
-    pub fn cached(&self, key: FileKey) -> Option<&LoadedFile> {
+    pub(super) fn cached(&self, key: FileKey) -> Option<&LoadedFile> {
         self.files.get(&key)
     }
 

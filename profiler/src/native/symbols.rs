@@ -16,10 +16,10 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::modules::{FileKey, LoadedFile};
 
 /// Cached (file, offset) → name entries; past this the cache starts over (`evictions`).
-pub const MAX_SYMBOL_ENTRIES: usize = 1 << 18;
+pub(super) const MAX_SYMBOL_ENTRIES: usize = 1 << 18;
 
 #[derive(Default, Debug, Clone, Copy, serde::Serialize)]
-pub struct SymbolStats {
+pub(super) struct SymbolStats {
     pub lookups: u64,
     pub hits: u64,
     pub misses: u64,
@@ -40,7 +40,7 @@ pub(crate) struct Symbols {
 
 impl Symbols {
     /// The function holding `offset` of file `key`; `file` is asked for only on a miss.
-    pub fn name<'f>(
+    pub(super) fn name<'f>(
         &mut self,
         key: FileKey,
         offset: u64,

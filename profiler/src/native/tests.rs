@@ -90,7 +90,7 @@ fn position(stack: &NativeStack, name: &str) -> usize {
 fn unwinds_own_stack() {
     let (regs, stack) = native_test_a();
     let mut native = Native::new();
-    let walked = native.from_copy(std::process::id(), regs, &stack);
+    let walked = native.unwind_copy(std::process::id(), regs, &stack);
     let (c, b, a) = (
         position(&walked, "native_test_c"),
         position(&walked, "native_test_b"),
@@ -124,12 +124,12 @@ fn unwinds_own_stack() {
 fn truncated_copy_runs_out_of_stack() {
     let (regs, stack) = native_test_deep(20);
     let mut native = Native::new();
-    let walked = native.from_copy(std::process::id(), regs, &stack[..256]);
+    let walked = native.unwind_copy(std::process::id(), regs, &stack[..256]);
     assert_eq!(walked.end, StackEnd::OutOfStack, "{:#?}", walked.frames);
     assert!(!walked.frames.is_empty());
     assert_eq!(native.stats().out_of_stack, 1);
     // Nothing copied at all: just the ip.
-    let walked = native.from_copy(std::process::id(), regs, &[]);
+    let walked = native.unwind_copy(std::process::id(), regs, &[]);
     assert_eq!(walked.frames.len(), 1);
 }
 
@@ -179,13 +179,13 @@ fn garbage_never_panics() {
                 bp: rng.u64(..),
             },
         };
-        let walked = native.from_copy(pid, garbage_regs, &bytes);
+        let walked = native.unwind_copy(pid, garbage_regs, &bytes);
         assert!(walked.frames.len() <= unwind::MAX_FRAMES);
         let ips: Vec<u64> = (0..rng.usize(0..300)).map(|_| rng.u64(..)).collect();
         from_ips(&mut native, pid, &ips);
     }
     // Unknown pids: nothing to read, no panic.
-    let walked = native.from_copy(u32::MAX - 1, regs, &stack);
+    let walked = native.unwind_copy(u32::MAX - 1, regs, &stack);
     assert_eq!(walked.frames[0].function, None);
     from_ips(&mut native, u32::MAX - 1, &[regs.ip, 0, 5]);
 }
@@ -280,9 +280,9 @@ fn timing() {
     let mut native = Native::new();
     let pid = std::process::id();
     let start = Instant::now();
-    let first = native.from_copy(pid, regs, &stack);
+    let first = native.unwind_copy(pid, regs, &stack);
     println!(
-        "first from_copy: {:?} ({} frames)",
+        "first unwind_copy: {:?} ({} frames)",
         start.elapsed(),
         first.frames.len()
     );
@@ -294,10 +294,10 @@ fn timing() {
     let rounds = 2000;
     let start = Instant::now();
     for _ in 0..rounds {
-        std::hint::black_box(native.from_copy(pid, regs, &stack));
+        std::hint::black_box(native.unwind_copy(pid, regs, &stack));
     }
     println!(
-        "cached from_copy: {:?} per {}-frame stack",
+        "cached unwind_copy: {:?} per {}-frame stack",
         start.elapsed() / rounds,
         first.frames.len()
     );
@@ -310,5 +310,5 @@ fn timing() {
 /// A frame-pointer walk of `ips` (stack addresses unknown), whole.
 fn from_ips(native: &mut Native, pid: u32, ips: &[u64]) -> NativeStack {
     let pairs: Vec<(u64, u64)> = ips.iter().map(|&ip| (ip, 0)).collect();
-    native.from_frame_pointers(pid, &pairs, true)
+    native.symbolize_frame_pointers(pid, &pairs, true)
 }

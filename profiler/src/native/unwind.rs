@@ -19,7 +19,7 @@ use super::modules::{FileCache, Mapping, SectionData};
 use super::StackEnd;
 
 /// Frames walked at most; deeper stacks end in [`StackEnd::MaxFrames`].
-pub const MAX_FRAMES: usize = 256;
+pub(super) const MAX_FRAMES: usize = 256;
 /// A read this far past the copied bytes still looks like the same stack (the default thread
 /// stack is 8 MiB); farther, the walk followed a garbage pointer.
 const STACK_REACH: u64 = 16 << 20;
@@ -44,7 +44,7 @@ pub(crate) struct RawFrame {
 impl RawFrame {
     /// The address to look up: inside the call instruction for a return address, since the
     /// address after a `call` may already belong to the next function.
-    pub fn lookup_address(&self) -> u64 {
+    pub(super) fn lookup_address(&self) -> u64 {
         if self.return_address {
             self.address.saturating_sub(1)
         } else {

@@ -9,7 +9,7 @@ use crate::aggregate::Profile;
 /// Makes a frame label safe for a collapsed line: `;` (the frame separator) becomes `,`,
 /// control characters (line breaks) become spaces, surrounding whitespace is trimmed and an
 /// empty label becomes `[unnamed]`.
-pub fn sanitize(label: &str) -> Cow<'_, str> {
+pub(crate) fn sanitize(label: &str) -> Cow<'_, str> {
     let trimmed = label.trim();
     if trimmed.is_empty() {
         return Cow::Borrowed("[unnamed]");
@@ -32,7 +32,7 @@ pub fn sanitize(label: &str) -> Cow<'_, str> {
 ///
 /// Empty stacks and stacks with no samples are left out; stacks that become identical after
 /// [`sanitize`] are merged.
-pub fn stacks(profile: &Profile) -> Vec<(String, u64)> {
+pub(crate) fn stacks(profile: &Profile) -> Vec<(String, u64)> {
     let mut lines: Vec<(String, u64)> = Vec::new();
     let mut seen: HashMap<String, usize> = HashMap::new();
     let mut merged = false;
@@ -64,16 +64,8 @@ pub fn stacks(profile: &Profile) -> Vec<(String, u64)> {
     lines
 }
 
-/// Collapsed lines, `stack count` each, without line terminators.
-pub fn lines(profile: &Profile) -> Vec<String> {
-    stacks(profile)
-        .into_iter()
-        .map(|(stack, count)| format!("{stack} {count}"))
-        .collect()
-}
-
 /// Writes `profile` as collapsed stacks, one `\n`-terminated line per stack.
-pub fn write(profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
+pub(crate) fn write(profile: &Profile, out: &mut dyn Write) -> anyhow::Result<()> {
     for (stack, count) in stacks(profile) {
         writeln!(out, "{stack} {count}")?;
     }

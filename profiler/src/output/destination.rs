@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// A path that cannot take the output: bad usage, reported before sampling (exit code 2).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write {what} to {}: {error}: {fix}", path.display())]
-pub struct Unwritable {
+pub(crate) struct Unwritable {
     /// "the profile", "the stats".
     pub what: &'static str,
     pub path: PathBuf,
@@ -27,7 +27,7 @@ pub struct Unwritable {
 
 /// Checks that `path` can be created or overwritten, without changing anything: a file that
 /// did not exist is removed again, an existing one is opened without truncating it.
-pub fn probe(path: &Path, what: &'static str) -> Result<(), Unwritable> {
+pub(crate) fn probe(path: &Path, what: &'static str) -> Result<(), Unwritable> {
     let fail = |error: std::io::Error| Unwritable {
         what,
         path: path.to_path_buf(),
@@ -87,7 +87,7 @@ fn fix_for(path: &Path, err: &std::io::Error) -> String {
 
 /// Where [`save`] put the bytes.
 #[derive(Debug)]
-pub enum Saved {
+pub(crate) enum Saved {
     /// Where they were asked to go.
     AtPath,
     /// Writing the path failed with `error`; the bytes are in `fallback` instead.
@@ -100,7 +100,7 @@ pub enum Saved {
 /// Neither the path nor a fallback file could be written.
 #[derive(Debug, thiserror::Error)]
 #[error("writing {} failed ({error}), and so did saving {what} to {} ({fallback_error})", path.display(), fallback_dir.display())]
-pub struct Lost {
+pub(crate) struct Lost {
     pub what: &'static str,
     pub path: PathBuf,
     pub error: std::io::Error,
@@ -110,7 +110,12 @@ pub struct Lost {
 
 /// Writes `bytes` to `path`; if that fails, to a new file in the temporary directory named
 /// `pyebpf-<date>-<time>-<pid>[-n].<extension>`.
-pub fn save(path: &Path, bytes: &[u8], extension: &str, what: &'static str) -> Result<Saved, Lost> {
+pub(crate) fn save(
+    path: &Path,
+    bytes: &[u8],
+    extension: &str,
+    what: &'static str,
+) -> Result<Saved, Lost> {
     let error = match write_file(path, bytes) {
         Ok(()) => return Ok(Saved::AtPath),
         Err(e) => e,
@@ -175,7 +180,7 @@ fn write_fallback(dir: &Path, bytes: &[u8], extension: &str) -> std::io::Result<
 }
 
 /// Local time as `20261123-140905`, for file names.
-pub fn timestamp() -> String {
+pub(crate) fn timestamp() -> String {
     // SAFETY: `time` with a null pointer only returns the time; `localtime_r` fills the
     // zeroed `tm` we own.
     let now = unsafe { libc::time(std::ptr::null_mut()) };

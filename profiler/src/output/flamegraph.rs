@@ -15,31 +15,31 @@ use crate::aggregate::{FrameKind, Profile};
 use crate::output::collapsed;
 
 /// Fill color of process frames.
-pub const PROCESS_COLOR: Color = Color {
+pub(crate) const PROCESS_COLOR: Color = Color {
     r: 100,
     g: 130,
     b: 215,
 };
 /// Fill color of thread frames.
-pub const THREAD_COLOR: Color = Color {
+pub(crate) const THREAD_COLOR: Color = Color {
     r: 120,
     g: 195,
     b: 110,
 };
 /// Fill color of native frames (`--native`): blue, apart from the warm Python palette.
-pub const NATIVE_COLOR: Color = Color {
+pub(crate) const NATIVE_COLOR: Color = Color {
     r: 110,
     g: 160,
     b: 220,
 };
 /// Fill color of `<task NAME>` frames (`--async`).
-pub const TASK_COLOR: Color = Color {
+pub(crate) const TASK_COLOR: Color = Color {
     r: 120,
     g: 200,
     b: 140,
 };
 /// Fill color of truncated frames.
-pub const TRUNCATED_COLOR: Color = Color {
+pub(crate) const TRUNCATED_COLOR: Color = Color {
     r: 175,
     g: 175,
     b: 175,
@@ -58,7 +58,7 @@ fn fixed_color(kind: FrameKind) -> Option<Color> {
 
 /// Writes `profile` as an SVG flame graph. Fails, without writing anything, when the profile has
 /// no non-empty stack to draw.
-pub fn write(profile: &Profile, title: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+pub(crate) fn write(profile: &Profile, title: &str, out: &mut dyn Write) -> anyhow::Result<()> {
     let stacks = collapsed::stacks(profile);
     anyhow::ensure!(!stacks.is_empty(), "no samples to draw a flame graph from");
     let total: u64 = stacks.iter().map(|(_, count)| count).sum();

@@ -4,11 +4,11 @@
 //! collapsed ("folded") stacks, the text format most flame graph tools read, or pprof's gzipped
 //! `profile.proto`, which `go tool pprof` and continuous-profiling backends read.
 
-pub mod collapsed;
-pub mod destination;
-pub mod flamegraph;
-pub mod pprof;
-pub mod speedscope;
+pub(crate) mod collapsed;
+pub(crate) mod destination;
+pub(crate) mod flamegraph;
+pub(crate) mod pprof;
+pub(crate) mod speedscope;
 
 use std::io::Write;
 
@@ -51,7 +51,7 @@ impl Format {
 ///
 /// A flame graph of a profile without samples is an error (nothing is written); the other
 /// formats write an empty (but valid) file.
-pub fn write(
+pub(crate) fn write(
     profile: &Profile,
     format: Format,
     title: &str,
@@ -73,12 +73,12 @@ pub(crate) mod test_support {
 
     use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
 
-    pub fn frame(kind: FrameKind, name: &str) -> Frame {
+    pub(crate) fn frame(kind: FrameKind, name: &str) -> Frame {
         Frame::marker(kind, name)
     }
 
     /// A Python frame whose function starts 3 lines above `line` (at line 1 at the least).
-    pub fn py(name: &str, file: &str, line: u32) -> Frame {
+    pub(crate) fn py(name: &str, file: &str, line: u32) -> Frame {
         Frame {
             kind: FrameKind::Python,
             name: Arc::from(name),
@@ -90,7 +90,7 @@ pub(crate) mod test_support {
 
     /// Two processes (one with a `;` in its name), threads, Python frames (one with a `;` in
     /// its file name) and a truncated stack: 100 samples in all.
-    pub fn two_processes() -> Profile {
+    pub(crate) fn two_processes() -> Profile {
         let mut p = Profile::default();
         let proc_a = p.intern(frame(FrameKind::Process, "python3 (100)"));
         let proc_b = p.intern(frame(FrameKind::Process, "wor;ker (200)"));
@@ -117,7 +117,7 @@ pub(crate) mod test_support {
     }
 
     /// A single process without a process root frame: 10 samples.
-    pub fn single() -> Profile {
+    pub(crate) fn single() -> Profile {
         let mut p = Profile::default();
         let main = p.intern(py("main", "app.py", 1));
         let f = p.intern(py("f", "app.py", 5));
@@ -129,7 +129,7 @@ pub(crate) mod test_support {
     }
 
     /// Labels of a stack, root first.
-    pub fn labels(p: &Profile, stack: &[FrameId]) -> Vec<String> {
+    pub(crate) fn labels(p: &Profile, stack: &[FrameId]) -> Vec<String> {
         stack.iter().map(|&id| p.frame(id).label()).collect()
     }
 }

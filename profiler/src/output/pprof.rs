@@ -54,7 +54,7 @@ impl Strings {
 }
 
 /// Builds the `Profile` message (exposed for tests; [`write`] encodes and compresses it).
-pub fn build(profile: &Profile, title: &str) -> pb::Profile {
+pub(crate) fn build(profile: &Profile, title: &str) -> pb::Profile {
     let mut strings = Strings::new();
     let period = profile.timing.period_ns;
     let value_type = |strings: &mut Strings, kind: &str, unit: &str| pb::ValueType {
@@ -190,7 +190,7 @@ pub fn build(profile: &Profile, title: &str) -> pb::Profile {
 }
 
 /// Writes `profile` as a gzipped pprof profile whose comment is `title`.
-pub fn write(profile: &Profile, title: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+pub(crate) fn write(profile: &Profile, title: &str, out: &mut dyn Write) -> anyhow::Result<()> {
     let bytes = build(profile, title).encode_to_vec();
     let mut gz = GzEncoder::new(out, flate2::Compression::default());
     gz.write_all(&bytes).context("compressing the profile")?;

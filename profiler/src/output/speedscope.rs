@@ -13,10 +13,10 @@ use serde::Serialize;
 
 use crate::aggregate::{Frame, FrameId, FrameKind, Profile};
 
-pub const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
+pub(crate) const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
 
 /// Name of the profile that collects stacks without a process root when others have one.
-pub const NO_PROCESS: &str = "(no process)";
+pub(crate) const NO_PROCESS: &str = "(no process)";
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -146,7 +146,7 @@ fn profiles(profile: &Profile, title: &str) -> Vec<SampledProfile> {
 }
 
 /// Writes `profile` as a speedscope file named `title`.
-pub fn write(profile: &Profile, title: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+pub(crate) fn write(profile: &Profile, title: &str, out: &mut dyn Write) -> anyhow::Result<()> {
     let file = File {
         schema: SCHEMA,
         shared: Shared {

@@ -32,17 +32,17 @@ use crate::discovery::{self, PythonProcess};
 use crate::memory::{Fields, ProcessMemory, ReadError};
 
 /// Name of the ELF section holding `_Py_AsyncioModuleDebugOffsets`.
-pub const SECTION: &str = ".AsyncioDebug";
+pub(crate) const SECTION: &str = ".AsyncioDebug";
 /// `uint64_t` values of `_Py_AsyncioModuleDebugOffsets` (3.14, 3.15).
-pub const SECTION_WORDS: usize = 13;
+pub(crate) const SECTION_WORDS: usize = 13;
 /// Awaiters read from one task's awaiter set.
-pub const MAX_AWAITERS: usize = 64;
+pub(crate) const MAX_AWAITERS: usize = 64;
 /// Slots of an awaiter set's hash table walked (a set of 64 awaiters has 256).
-pub const MAX_SET_SLOTS: u64 = 1024;
+pub(crate) const MAX_SET_SLOTS: u64 = 1024;
 /// Coroutines followed down one task's `await` chain.
-pub const MAX_CORO_DEPTH: usize = 64;
+pub(crate) const MAX_CORO_DEPTH: usize = 64;
 /// Tasks [`all_tasks`] lists.
-pub const MAX_TASKS: usize = 100_000;
+pub(crate) const MAX_TASKS: usize = 100_000;
 /// Bytes of a task name's type name read (`str`, `int`).
 const TP_NAME_BYTES: usize = 32;
 
@@ -72,7 +72,7 @@ pub enum AsyncError {
 
 impl AsyncError {
     /// The process exited (its memory cannot be read any more).
-    pub fn is_gone(&self) -> bool {
+    pub(crate) fn is_gone(&self) -> bool {
         matches!(self, AsyncError::Read(ReadError::Gone { .. }))
     }
 }
@@ -218,7 +218,7 @@ pub enum Found {
 
 /// Finds the `.AsyncioDebug` section for `process`: in the files it maps, else in its
 /// `_asyncio` module file under the interpreter's stdlib directory.
-pub fn locate(process: &PythonProcess) -> Result<(AsyncLayout, Found), AsyncError> {
+pub(crate) fn locate(process: &PythonProcess) -> Result<(AsyncLayout, Found), AsyncError> {
     let layout = &process.layout;
     if layout.coroutines.is_none() {
         return Err(AsyncError::Unsupported {
@@ -289,7 +289,7 @@ pub fn locate(process: &PythonProcess) -> Result<(AsyncLayout, Found), AsyncErro
 /// Directories (as the process sees them) that may hold the interpreter's `_asyncio`
 /// module: those of the extension modules it already loaded, then
 /// `PREFIX/lib/python3.X/lib-dynload` for the prefixes above its binary.
-pub fn module_dirs(binary: &str, minor: u8, mapped: &[&str]) -> Vec<String> {
+pub(crate) fn module_dirs(binary: &str, minor: u8, mapped: &[&str]) -> Vec<String> {
     let mut dirs: Vec<String> = mapped
         .iter()
         .filter_map(|p| {
@@ -316,7 +316,7 @@ pub fn module_dirs(binary: &str, minor: u8, mapped: &[&str]) -> Vec<String> {
 
 /// The contents of `path`'s `.AsyncioDebug` section; `Ok(None)` for an ELF file without
 /// one. Reads the headers and the section only.
-pub fn section_bytes(path: &Path) -> Result<Option<Vec<u8>>, AsyncError> {
+pub(crate) fn section_bytes(path: &Path) -> Result<Option<Vec<u8>>, AsyncError> {
     let elf_error = |what: String| AsyncError::Elf {
         path: path.display().to_string(),
         what,
@@ -353,7 +353,7 @@ fn section_data<'data, R: ReadRef<'data>>(data: R) -> Result<Option<Vec<u8>>, St
 
 /// One asyncio task as read from the target.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TaskInfo {
+pub(crate) struct TaskInfo {
     pub addr: u64,
     /// `get_name()`: the name given, or `Task-N`.
     pub name: String,
@@ -373,7 +373,7 @@ pub struct TaskInfo {
 
 /// Reads the task at `task`: its name, awaiters and coroutine chain. Fails when `task` is not
 /// a task (wrong type flag, no coroutine) or cannot be read.
-pub fn read_task(
+pub(crate) fn read_task(
     mem: &ProcessMemory,
     layout: &PyLayout,
     a: &AsyncLayout,
@@ -495,7 +495,7 @@ fn read_small_int(mem: &ProcessMemory, o: &CoroutineLayout, obj: u64) -> Option<
 
 /// The coroutine chain of a task, leaf first (see [`TaskInfo::coro_frames`]), and whether
 /// it was cut short.
-pub fn coro_chain(
+pub(crate) fn coro_chain(
     mem: &ProcessMemory,
     layout: &PyLayout,
     a: &AsyncLayout,
@@ -580,7 +580,7 @@ pub fn coro_chain(
 
 /// Every task of `process`: those in each thread's list and in each interpreter's list
 /// (tasks of threads that ended), at most [`MAX_TASKS`], each once.
-pub fn all_tasks(
+pub(crate) fn all_tasks(
     mem: &ProcessMemory,
     process: &PythonProcess,
     a: &AsyncLayout,

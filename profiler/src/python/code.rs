@@ -60,7 +60,7 @@ fn code_read_len(layout: &PyLayout) -> usize {
 
 /// The tag the kernel computes for a code object, from a copy of its first bytes (which must
 /// cover the tag span); reads the `tag_deref_ptr` word from the target when the layout has one.
-pub fn code_tag(mem: &ProcessMemory, layout: &PyLayout, code_bytes: &[u8]) -> Result<u64> {
+pub(crate) fn code_tag(mem: &ProcessMemory, layout: &PyLayout, code_bytes: &[u8]) -> Result<u64> {
     let k = &layout.kernel;
     let start = k.code_tag_offset as usize;
     let mut words = [0u64; CODE_TAG_BYTES / 8];

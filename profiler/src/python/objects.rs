@@ -12,7 +12,7 @@ use super::layout::PyLayout;
 use crate::memory::{Fields, ProcessMemory};
 
 /// Characters of a `str` (bytes of a `bytes`) shown before `...`.
-pub const MAX_VALUE_CHARS: u64 = 80;
+pub(crate) const MAX_VALUE_CHARS: u64 = 80;
 /// Variables shown per frame.
 pub const MAX_LOCALS: usize = 256;
 /// Digits (30 bits each) of an int shown by value: 4 hold every 120-bit number.

@@ -11,7 +11,7 @@ use crate::memory::{Fields, ProcessMemory, ReadError};
 use crate::python::layout::PyLayout;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ThreadsError {
+pub(crate) enum ThreadsError {
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error("thread state field at offset {0} is outside the bytes read")]
@@ -20,7 +20,7 @@ pub enum ThreadsError {
 
 /// The fields of one thread state.
 #[derive(Clone, Copy, Debug)]
-pub struct ThreadFields {
+pub(crate) struct ThreadFields {
     /// Its interpreter (`PyInterpreterState *`).
     pub interp: u64,
     pub next: u64,
@@ -34,7 +34,7 @@ pub struct ThreadFields {
 
 /// Every thread state of every interpreter of the process at `runtime` (bounded), with its
 /// fields; `reads` counts the remote reads made.
-pub fn thread_states(
+pub(crate) fn thread_states(
     mem: &ProcessMemory,
     layout: &PyLayout,
     runtime: u64,
@@ -64,7 +64,7 @@ pub fn thread_states(
 }
 
 /// One read of the thread state's prefix (plus the `_PyCFrame` where the layout has one).
-pub fn thread_fields(
+pub(crate) fn thread_fields(
     mem: &ProcessMemory,
     layout: &PyLayout,
     tstate: u64,

@@ -18,7 +18,7 @@ use crate::aggregate::stacks::Aggregator;
 use crate::aggregate::Profile;
 use stats::{stats_json, MapReport};
 
-pub fn run(mut args: RecordArgs) -> Result<i32> {
+pub(crate) fn run(mut args: RecordArgs) -> Result<i32> {
     crate::check::preflight(&args.targets.pids)?;
     // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
     let output = args

@@ -8,9 +8,9 @@
 //! [`Snapshot`], which is drawn by [`render`] (a terminal) or printed by [`text`] (a pipe, or
 //! `--once` / `-n N`).
 
-pub mod render;
-pub mod table;
-pub mod text;
+pub(crate) mod render;
+pub(crate) mod table;
+pub(crate) mod text;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -29,7 +29,7 @@ use table::{Counted, Granularity, Location, Row, Table, ViewOptions};
 
 /// Everything one refresh shows.
 #[derive(Clone, Debug, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub counted: Counted,
     /// Length of the interval the percentages cover.
     pub interval: Duration,
@@ -49,7 +49,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// The one-line totals shown above the table.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let secs = self.interval.as_secs_f64();
         let rate = if secs > 0.0 {
             self.counted.interval_samples as f64 / secs
@@ -77,7 +77,7 @@ impl Snapshot {
 const PROCESS_WIDTH: usize = text::WIDTHS[4];
 
 /// A row's cells in display order: %Own, %Total, OwnTime, TotalTime, Process, Function.
-pub fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
+pub(crate) fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
     let interval = snap.counted.interval_samples;
     let mut process = format!("{} {}", row.key.pid, row.command);
     if process.chars().count() > PROCESS_WIDTH {
@@ -93,7 +93,7 @@ pub fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
     ]
 }
 
-pub fn run(args: TopArgs) -> Result<i32> {
+pub(crate) fn run(args: TopArgs) -> Result<i32> {
     crate::check::preflight(&args.targets.pids)?;
     let interactive = std::io::stdout().is_terminal() && !args.once && args.iterations.is_none();
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -24,8 +24,8 @@ use super::table::{self, Column, Filter, RowKey, ViewOptions};
 use super::{cells, text, Snapshot};
 
 /// Below this size the table cannot be read; a message is shown instead.
-pub const MIN_WIDTH: u16 = 70;
-pub const MIN_HEIGHT: u16 = 8;
+pub(crate) const MIN_WIDTH: u16 = 70;
+pub(crate) const MIN_HEIGHT: u16 = 8;
 
 const HELP: &[(&str, &str)] = &[
     ("q", "quit"),
@@ -39,14 +39,14 @@ const HELP: &[(&str, &str)] = &[
 
 /// What the driver should do after an input event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     Nothing,
     Redraw,
     Quit,
 }
 
 /// Everything the screen shows, and the keys that change it. No terminal inside: testable.
-pub struct Ui {
+pub(crate) struct Ui {
     pub opts: ViewOptions,
     pub paused: bool,
     /// The filter being typed, while `/` is active.
@@ -65,7 +65,7 @@ pub struct Ui {
 }
 
 impl Ui {
-    pub fn new(opts: ViewOptions, delay: Duration, rate_hz: u64) -> Ui {
+    pub(crate) fn new(opts: ViewOptions, delay: Duration, rate_hz: u64) -> Ui {
         Ui {
             opts,
             paused: false,
@@ -84,7 +84,7 @@ impl Ui {
     }
 
     /// A new interval ended: show it, unless paused.
-    pub fn update(&mut self, snap: Snapshot) {
+    pub(crate) fn update(&mut self, snap: Snapshot) {
         self.started = true;
         if self.paused {
             self.pending = Some(snap);
@@ -93,7 +93,7 @@ impl Ui {
         }
     }
 
-    pub fn on_event(&mut self, event: &Event) -> Action {
+    pub(crate) fn on_event(&mut self, event: &Event) -> Action {
         match event {
             Event::Key(key) if key.kind != KeyEventKind::Release => self.on_key(key),
             Event::Resize(..) => Action::Redraw,
@@ -101,7 +101,7 @@ impl Ui {
         }
     }
 
-    pub fn on_key(&mut self, key: &KeyEvent) -> Action {
+    pub(crate) fn on_key(&mut self, key: &KeyEvent) -> Action {
         if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
             return Action::Quit;
         }
@@ -153,7 +153,7 @@ impl Ui {
         Action::Redraw
     }
 
-    pub fn draw(&self, frame: &mut Frame) {
+    pub(crate) fn draw(&self, frame: &mut Frame) {
         let area = frame.area();
         if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
             let text = format!(
@@ -309,7 +309,7 @@ impl Ui {
 
 /// `function (file:line)` in at most `width` characters: a long path loses its beginning
 /// first, so the function, the file name and the line stay readable.
-pub fn fit_label(key: &RowKey, width: usize) -> String {
+pub(crate) fn fit_label(key: &RowKey, width: usize) -> String {
     let label = key.label();
     if label.chars().count() <= width {
         return label;
@@ -330,7 +330,7 @@ pub fn fit_label(key: &RowKey, width: usize) -> String {
 }
 
 /// The terminal in raw mode on the alternate screen, restored when dropped or on a panic.
-pub struct Live {
+pub(crate) struct Live {
     terminal: Terminal<CrosstermBackend<Stdout>>,
     keys: mpsc::UnboundedReceiver<Event>,
     ui: Ui,
@@ -347,7 +347,7 @@ fn restore_terminal() {
 }
 
 impl Live {
-    pub fn start(opts: ViewOptions, delay: Duration, rate_hz: u64) -> Result<Live> {
+    pub(crate) fn start(opts: ViewOptions, delay: Duration, rate_hz: u64) -> Result<Live> {
         static HOOK: Once = Once::new();
         HOOK.call_once(|| {
             let previous = std::panic::take_hook();
@@ -398,12 +398,12 @@ impl Live {
     }
 
     /// The terminal's events, for the driver to wait on (taken once).
-    pub fn take_keys(&mut self) -> mpsc::UnboundedReceiver<Event> {
+    pub(crate) fn take_keys(&mut self) -> mpsc::UnboundedReceiver<Event> {
         let (_, none) = mpsc::unbounded_channel();
         std::mem::replace(&mut self.keys, none)
     }
 
-    pub fn handle(&mut self, event: Event) -> Result<Action> {
+    pub(crate) fn handle(&mut self, event: Event) -> Result<Action> {
         let action = self.ui.on_event(&event);
         if action == Action::Redraw {
             self.draw()?;
@@ -411,12 +411,12 @@ impl Live {
         Ok(action)
     }
 
-    pub fn update(&mut self, snap: Snapshot) -> Result<()> {
+    pub(crate) fn update(&mut self, snap: Snapshot) -> Result<()> {
         self.ui.update(snap);
         self.draw()
     }
 
-    pub fn warn(&mut self, message: String) {
+    pub(crate) fn warn(&mut self, message: String) {
         self.ui.message = Some(message);
     }
 

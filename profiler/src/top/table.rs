@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// One frame of a sample, as `top` needs it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Location {
+pub(crate) struct Location {
     pub function: Arc<str>,
     /// Empty when the code object could not be read.
     pub file: Arc<str>,
@@ -30,20 +30,20 @@ pub struct Location {
 
 /// Whether rows are functions or lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Granularity {
+pub(crate) enum Granularity {
     Function,
     Line,
 }
 
 impl Granularity {
-    pub fn toggled(self) -> Self {
+    pub(crate) fn toggled(self) -> Self {
         match self {
             Granularity::Function => Granularity::Line,
             Granularity::Line => Granularity::Function,
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Granularity::Function => "function",
             Granularity::Line => "line",
@@ -53,7 +53,7 @@ impl Granularity {
 
 /// The identity of a row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RowKey {
+pub(crate) struct RowKey {
     pub pid: u32,
     pub function: Arc<str>,
     pub file: Arc<str>,
@@ -63,7 +63,7 @@ pub struct RowKey {
 
 impl RowKey {
     /// `function (file:line)`, or the bare function name when the file is unknown.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         let file = (!self.file.is_empty()).then_some(&*self.file);
         crate::aggregate::python_label(&self.function, file, self.line)
     }
@@ -151,24 +151,22 @@ impl Level {
 
 /// Sample counts since start and over the current interval, by function and by line.
 #[derive(Default)]
-pub struct Table {
+pub(crate) struct Table {
     functions: Level,
     lines: Level,
     commands: HashMap<u32, Arc<str>>,
     interval_samples: u64,
-    samples: u64,
     interval_threads: HashSet<(u32, u32)>,
     ids: Vec<u32>,
 }
 
 impl Table {
     /// Adds one sample of thread `tid` of process `pid`; `frames` are leaf first.
-    pub fn add(&mut self, pid: u32, tid: u32, command: &str, frames: &[Location]) {
+    pub(crate) fn add(&mut self, pid: u32, tid: u32, command: &str, frames: &[Location]) {
         if frames.is_empty() {
             return;
         }
         self.commands.entry(pid).or_insert_with(|| command.into());
-        self.samples += 1;
         self.interval_samples += 1;
         self.interval_threads.insert((pid, tid));
         let mut ids = std::mem::take(&mut self.ids);
@@ -195,19 +193,18 @@ impl Table {
     }
 
     /// Drops every row of a process that exited.
-    pub fn forget(&mut self, pid: u32) {
+    pub(crate) fn forget(&mut self, pid: u32) {
         self.functions.forget(pid);
         self.lines.forget(pid);
         self.commands.remove(&pid);
     }
 
     /// The rows as they are now, and starts a new interval.
-    pub fn end_interval(&mut self) -> Counted {
+    pub(crate) fn end_interval(&mut self) -> Counted {
         let counted = Counted {
             functions: self.functions.rows(&self.commands),
             lines: self.lines.rows(&self.commands),
             interval_samples: self.interval_samples,
-            samples: self.samples,
             threads: self.interval_threads.len(),
         };
         self.functions.end_interval();
@@ -220,7 +217,7 @@ impl Table {
 
 /// One row of a snapshot.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Row {
+pub(crate) struct Row {
     pub key: RowKey,
     /// Short command line of the process.
     pub command: Arc<str>,
@@ -232,19 +229,17 @@ pub struct Row {
 
 /// The rows at the end of one interval.
 #[derive(Clone, Debug, Default)]
-pub struct Counted {
+pub(crate) struct Counted {
     pub functions: Vec<Row>,
     pub lines: Vec<Row>,
     /// Python samples in the interval.
     pub interval_samples: u64,
-    /// Python samples since start.
-    pub samples: u64,
     /// Distinct threads sampled in the interval.
     pub threads: usize,
 }
 
 impl Counted {
-    pub fn rows(&self, granularity: Granularity) -> &[Row] {
+    pub(crate) fn rows(&self, granularity: Granularity) -> &[Row] {
         match granularity {
             Granularity::Function => &self.functions,
             Granularity::Line => &self.lines,
@@ -254,7 +249,7 @@ impl Counted {
 
 /// A column to sort by, in display order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Column {
+pub(crate) enum Column {
     Own,
     Total,
     OwnTime,
@@ -264,7 +259,7 @@ pub enum Column {
 }
 
 impl Column {
-    pub const ALL: [Column; 6] = [
+    pub(crate) const ALL: [Column; 6] = [
         Column::Own,
         Column::Total,
         Column::OwnTime,
@@ -273,7 +268,7 @@ impl Column {
         Column::Function,
     ];
 
-    pub fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Column::Own => "%Own",
             Column::Total => "%Total",
@@ -284,20 +279,20 @@ impl Column {
         }
     }
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         Column::ALL.iter().position(|&c| c == self).unwrap_or(0)
     }
 
     /// Numbers sort largest first, names A to Z.
-    pub fn descending_by_default(self) -> bool {
+    pub(crate) fn descending_by_default(self) -> bool {
         !matches!(self, Column::Process | Column::Function)
     }
 
-    pub fn next(self) -> Column {
+    pub(crate) fn next(self) -> Column {
         Column::ALL[(self.index() + 1) % Column::ALL.len()]
     }
 
-    pub fn prev(self) -> Column {
+    pub(crate) fn prev(self) -> Column {
         Column::ALL[(self.index() + Column::ALL.len() - 1) % Column::ALL.len()]
     }
 }
@@ -318,14 +313,14 @@ impl From<crate::cli::TopSort> for Column {
 
 /// Which processes to show: a pid, or text found in the command (case-insensitive).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Filter {
+pub(crate) struct Filter {
     text: String,
     pid: Option<u32>,
 }
 
 impl Filter {
     /// `None` for blank text (no filter).
-    pub fn new(text: &str) -> Option<Filter> {
+    pub(crate) fn new(text: &str) -> Option<Filter> {
         let text = text.trim();
         if text.is_empty() {
             return None;
@@ -336,11 +331,11 @@ impl Filter {
         })
     }
 
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         &self.text
     }
 
-    pub fn matches(&self, pid: u32, command: &str) -> bool {
+    pub(crate) fn matches(&self, pid: u32, command: &str) -> bool {
         match self.pid {
             Some(p) => p == pid,
             None => command.to_lowercase().contains(&self.text),
@@ -350,7 +345,7 @@ impl Filter {
 
 /// How rows are chosen and ordered.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ViewOptions {
+pub(crate) struct ViewOptions {
     pub granularity: Granularity,
     pub sort: Column,
     pub descending: bool,
@@ -358,7 +353,7 @@ pub struct ViewOptions {
 }
 
 impl ViewOptions {
-    pub fn new(granularity: Granularity, sort: Column) -> ViewOptions {
+    pub(crate) fn new(granularity: Granularity, sort: Column) -> ViewOptions {
         ViewOptions {
             granularity,
             sort,
@@ -368,7 +363,7 @@ impl ViewOptions {
     }
 
     /// Sorts by `column`; choosing the current column again reverses the order.
-    pub fn sort_by(&mut self, column: Column) {
+    pub(crate) fn sort_by(&mut self, column: Column) {
         if column == self.sort {
             self.descending = !self.descending;
         } else {
@@ -395,7 +390,7 @@ fn compare(column: Column, a: &Row, b: &Row) -> Ordering {
 }
 
 /// The rows to show, in order.
-pub fn view<'a>(counted: &'a Counted, opts: &ViewOptions) -> Vec<&'a Row> {
+pub(crate) fn view<'a>(counted: &'a Counted, opts: &ViewOptions) -> Vec<&'a Row> {
     let mut rows: Vec<&Row> = counted
         .rows(opts.granularity)
         .iter()
@@ -423,7 +418,7 @@ pub fn view<'a>(counted: &'a Counted, opts: &ViewOptions) -> Vec<&'a Row> {
 }
 
 /// `part` as a percentage of `whole` (0 when there is nothing to divide).
-pub fn percent(part: u64, whole: u64) -> f64 {
+pub(crate) fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 {
         0.0
     } else {
@@ -432,7 +427,7 @@ pub fn percent(part: u64, whole: u64) -> f64 {
 }
 
 /// CPU time of `samples` samples taken at `rate_hz`, the way `top` shows it.
-pub fn format_time(samples: u64, rate_hz: u64) -> String {
+pub(crate) fn format_time(samples: u64, rate_hz: u64) -> String {
     let secs = samples as f64 / rate_hz.max(1) as f64;
     if secs < 100.0 {
         format!("{secs:.2}s")
@@ -538,10 +533,7 @@ mod tests {
         assert_eq!(first.threads, 2);
         t.add(1, 1, "py", &[loc("b", 5, 5)]);
         let second = t.end_interval();
-        assert_eq!(
-            (second.interval_samples, second.samples, second.threads),
-            (1, 3, 1)
-        );
+        assert_eq!((second.interval_samples, second.threads), (1, 1));
         let a = find(&second.functions, 1, "a");
         assert_eq!((a.own_interval, a.own), (0, 2));
         let b = find(&second.functions, 1, "b");
@@ -569,7 +561,7 @@ mod tests {
         let mut t = Table::default();
         t.add(1, 1, "py", &[]);
         let c = t.end_interval();
-        assert_eq!(c.samples, 0);
+        assert_eq!(c.interval_samples, 0);
         assert!(c.functions.is_empty());
     }
 

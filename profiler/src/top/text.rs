@@ -9,10 +9,10 @@ use super::table::{self, Column, ViewOptions};
 use super::Snapshot;
 
 /// Widths of the fixed columns (%Own, %Total, OwnTime, TotalTime, Process).
-pub const WIDTHS: [usize; 5] = [7, 7, 9, 9, 26];
+pub(crate) const WIDTHS: [usize; 5] = [7, 7, 9, 9, 26];
 
 /// One snapshot as text.
-pub fn snapshot(snap: &Snapshot, opts: &ViewOptions) -> String {
+pub(crate) fn snapshot(snap: &Snapshot, opts: &ViewOptions) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "pyebpf top: {}", snap.summary());
     let _ = writeln!(
