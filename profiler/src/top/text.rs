@@ -11,6 +11,25 @@ use super::Snapshot;
 /// Widths of the fixed columns (%Own, %Total, OwnTime, TotalTime, Process).
 pub(crate) const WIDTHS: [usize; 5] = [7, 7, 9, 9, 26];
 
+/// One line of the table: five right-aligned columns, then the function, unpadded.
+fn write_line(out: &mut String, cells: &[impl std::fmt::Display; 6]) {
+    let _ = writeln!(
+        out,
+        "{:>w0$} {:>w1$} {:>w2$} {:>w3$}  {:<w4$} {}",
+        cells[0],
+        cells[1],
+        cells[2],
+        cells[3],
+        cells[4],
+        cells[5],
+        w0 = WIDTHS[0],
+        w1 = WIDTHS[1],
+        w2 = WIDTHS[2],
+        w3 = WIDTHS[3],
+        w4 = WIDTHS[4],
+    );
+}
+
 /// One snapshot as text.
 pub(crate) fn snapshot(snap: &Snapshot, opts: &ViewOptions) -> String {
     let mut out = String::new();
@@ -22,43 +41,14 @@ pub(crate) fn snapshot(snap: &Snapshot, opts: &ViewOptions) -> String {
         opts.sort.title(),
         if opts.descending { " (descending)" } else { "" }
     );
-    let titles: Vec<&str> = Column::ALL.iter().map(|c| c.title()).collect();
-    let _ = writeln!(
-        out,
-        "{:>w0$} {:>w1$} {:>w2$} {:>w3$}  {:<w4$} {}",
-        titles[0],
-        titles[1],
-        titles[2],
-        titles[3],
-        titles[4],
-        titles[5],
-        w0 = WIDTHS[0],
-        w1 = WIDTHS[1],
-        w2 = WIDTHS[2],
-        w3 = WIDTHS[3],
-        w4 = WIDTHS[4],
-    );
+    let titles = Column::ALL.map(|c| c.title());
+    write_line(&mut out, &titles);
     let rows = table::view(&snap.counted, opts);
     if rows.is_empty() {
         let _ = writeln!(out, "(no Python samples yet)");
     }
     for row in rows {
-        let cells = super::cells(row, snap);
-        let _ = writeln!(
-            out,
-            "{:>w0$} {:>w1$} {:>w2$} {:>w3$}  {:<w4$} {}",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            cells[5],
-            w0 = WIDTHS[0],
-            w1 = WIDTHS[1],
-            w2 = WIDTHS[2],
-            w3 = WIDTHS[3],
-            w4 = WIDTHS[4],
-        );
+        write_line(&mut out, &super::cells(row, snap));
     }
     out.push('\n');
     out
