@@ -61,25 +61,6 @@ impl PythonProcess {
     }
 }
 
-/// The innermost pid of `pid` (last `NSpid:` field of `/proc/PID/status`), when the process
-/// lives in a pid namespace below ours.
-pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    parse_nspid(&status)
-}
-
-fn parse_nspid(status: &str) -> Option<u32> {
-    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    let ids: Vec<u32> = line
-        .split_whitespace()
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    match ids.as_slice() {
-        [_, .., inner] => Some(*inner),
-        _ => None,
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DiscoveryError {
     #[error("no process with pid {pid}{}", absent_hint(*pid, .namesakes))]
@@ -375,7 +356,7 @@ pub(crate) fn inspect_maps(
             binary: binary.to_string(),
             runtime,
             layout,
-            ns_pid: namespace_pid(pid),
+            ns_pid: crate::procfs::namespace_pid(pid),
             identity,
             frame_pointers: elf.frame_pointers,
         });
@@ -542,13 +523,6 @@ mod tests {
         );
         assert_eq!(version_from_name("/x/lib/libpython3.13d.so"), Some((3, 13)));
         assert_eq!(version_from_name("/usr/bin/python"), None);
-    }
-
-    #[test]
-    fn namespace_pids() {
-        assert_eq!(parse_nspid("Name:\tpython3\nNSpid:\t4242\n"), None);
-        assert_eq!(parse_nspid("NSpid:\t4242\t17\t1\nPPid:\t1\n"), Some(1));
-        assert_eq!(parse_nspid("Name:\tx\n"), None);
     }
 
     #[test]

@@ -107,6 +107,18 @@ pub(crate) fn nspids(pid: u32) -> Vec<u32> {
     parse_nspids(&status)
 }
 
+/// The innermost pid of `pid`, when the process lives in a pid namespace below ours.
+pub(crate) fn namespace_pid(pid: u32) -> Option<u32> {
+    innermost(&nspids(pid))
+}
+
+fn innermost(nspids: &[u32]) -> Option<u32> {
+    match nspids {
+        [_, .., inner] => Some(*inner),
+        _ => None,
+    }
+}
+
 fn parse_nspids(status: &str) -> Vec<u32> {
     status
         .lines()
@@ -240,6 +252,10 @@ mod tests {
     fn nspid_lines() {
         assert_eq!(parse_nspids("Name:\tx\nNSpid:\t4242\t7\n"), vec![4242, 7]);
         assert_eq!(parse_nspids("NSpid:\t9\n"), vec![9]);
+        let innermost_of = |status| innermost(&parse_nspids(status));
+        assert_eq!(innermost_of("Name:\tpython3\nNSpid:\t4242\n"), None);
+        assert_eq!(innermost_of("NSpid:\t4242\t17\t1\nPPid:\t1\n"), Some(1));
+        assert_eq!(innermost_of("Name:\tx\n"), None);
         assert!(parse_nspids("Name:\tx\n").is_empty());
     }
 
