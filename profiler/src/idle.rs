@@ -221,15 +221,16 @@ impl IdleSampler {
             } else {
                 tid
             };
+            // Checked before the `/proc` read below, so a pass over the budget costs no reads.
+            if *budget == 0 {
+                self.stats.skipped += 1;
+                self.stats.skipped_samples += weight;
+                continue;
+            }
             // A runnable thread the kernel did not catch on a CPU was waiting for one, not
             // idle: on a loaded machine a busy thread would otherwise show as `<idle>`.
             if crate::procfs::stat(tid).is_ok_and(|s| s.state == 'R') {
                 self.stats.runnable += 1;
-                continue;
-            }
-            if *budget == 0 {
-                self.stats.skipped += 1;
-                self.stats.skipped_samples += weight;
                 continue;
             }
             *budget -= 1;
