@@ -98,7 +98,7 @@ impl Default for Metrics {
         );
         registry.register(
             "errors",
-            "Errors, by kind: read (target memory the kernel could not read), unknown_frame, malformed_record, proc_events_lost",
+            "Errors, by kind: read (target memory the kernel could not read), unknown_frame, malformed_sample, proc_events_lost",
             m.errors.clone(),
         );
         registry.register(

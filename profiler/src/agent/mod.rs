@@ -254,7 +254,7 @@ impl Agent {
             errors: vec![
                 ("read", k.read_errors),
                 ("unknown_frame", st.unknown_frames),
-                ("malformed_record", st.malformed_samples),
+                ("malformed_sample", st.malformed_samples),
                 ("proc_events_lost", k.proc_event_drops),
             ],
             processes: session.watched().count() as u64,
