@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use tests::{
-    interpreters_logged, marker_lines, parse_label, record, Interpreter, PyLabel, Workload,
+    interpreters_logged, marker_lines, parse_label, record, record_command, Interpreter, PyLabel,
+    Workload,
 };
 
 fn labels(stack: &[String]) -> Vec<Option<PyLabel>> {
@@ -15,30 +16,6 @@ fn is_truncated(stack: &[String]) -> bool {
     stack
         .iter()
         .any(|f| f == "<truncated>" || f == "<partial stack>")
-}
-
-/// Runs `script args` under `interp` through `pyebpf record -- ...`.
-fn record_command(
-    interp: &Interpreter,
-    script: &str,
-    args: &[&str],
-    opts: &[&str],
-) -> tests::Recording {
-    let staged = interp.stage(&tests::workloads_dir().join(script));
-    let staged = staged.to_str().unwrap().to_string();
-    let exe = interp.exe.to_str().unwrap().to_string();
-    let root = interp
-        .root
-        .as_ref()
-        .map(|r| r.to_str().unwrap().to_string());
-    let mut cmd: Vec<&str> = opts.to_vec();
-    cmd.push("--");
-    if let Some(root) = &root {
-        cmd.extend(["chroot", root]);
-    }
-    cmd.extend([exe.as_str(), staged.as_str()]);
-    cmd.extend(args);
-    record(&cmd)
 }
 
 /// Recursion 1000 deep: every sample reported complete has all 1001 `rec` frames, in order,

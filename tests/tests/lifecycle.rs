@@ -2,14 +2,11 @@
 //! namespaces, embedded in C programs, with many threads, and many at once.
 
 use std::collections::{HashMap, HashSet};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tests::{
-    interpreters_logged, parse_label, pyebpf_bin, workloads_dir, Interpreter, Recording, Workload,
-};
+use tests::{interpreters_logged, parse_label, workloads_dir, Interpreter, Recording, Workload};
 
 /// A `pyebpf record -f collapsed` running in the background.
 struct Background {
@@ -41,15 +38,7 @@ impl Background {
     fn start_via(tag: &str, launcher: &[&str], args: &[&str]) -> Background {
         let out = temp(&format!("{tag}.txt"));
         let stats = temp(&format!("{tag}.json"));
-        let mut cmd = match launcher.split_first() {
-            Some((program, rest)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(rest).arg(pyebpf_bin());
-                cmd
-            }
-            None => Command::new(pyebpf_bin()),
-        };
-        let child = cmd
+        let child = tests::pyebpf_via(launcher)
             .arg("record")
             .args(["-f", "collapsed", "-o"])
             .arg(&out)
@@ -101,31 +90,6 @@ impl From<Recording> for Rec {
             stacks: r.stacks,
         }
     }
-}
-
-/// Starts `cmd` (stdout piped) and waits for it to print `ready`.
-fn start_command(mut cmd: Command, what: &str) -> Workload {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
-    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        let n = reader
-            .read_line(&mut line)
-            .expect("reading workload output");
-        assert!(n > 0, "{what} exited before printing ready");
-        let line = line.trim().to_string();
-        let done = line == "ready";
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-    Workload { child, lines }
 }
 
 /// Samples per root label (process) whose Python frames include `function`.
@@ -417,14 +381,9 @@ fn child_of(pid: u32) -> Option<u32> {
 fn pid_namespaced_process_has_correct_stacks() {
     let _serial = serial();
     for interp in &interpreters_logged() {
-        let script = interp.stage(&workloads_dir().join("chain.py"));
-        let mut cmd = Command::new("unshare");
-        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-        if let Some(root) = &interp.root {
-            cmd.arg("chroot").arg(root);
-        }
-        cmd.arg(&interp.exe).arg(&script);
-        let workload = start_command(cmd, &format!("unshare {}", interp.label));
+        let mut cmd = tests::unshare_pid_and_mount();
+        cmd.args(interp.argv(&workloads_dir().join("chain.py"), &[]));
+        let workload = Workload::start_command(cmd, &format!("unshare {}", interp.label));
         let host_pid = child_of(workload.pid()).expect("unshare's child");
         let rec: Rec = tests::record(&["-d", "2", "-r", "499"]).into();
         drop(workload);
@@ -518,7 +477,7 @@ fn embedded_interpreter_has_correct_stacks() {
     );
     let mut cmd = Command::new(&exe);
     cmd.arg(workloads_dir().join("chain.py"));
-    let workload = start_command(cmd, "embed-host");
+    let workload = Workload::start_command(cmd, "embed-host");
     let pid = workload.pid();
     // System-wide, so discovery itself (not an explicit -p) has to find it.
     let rec: Rec = tests::record(&["-d", "2", "-r", "499"]).into();

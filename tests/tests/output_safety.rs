@@ -214,25 +214,18 @@ fn sighup_ends_recording_with_profile_written() {
 #[test]
 fn sigterm_in_command_mode_stops_the_command_too() {
     let interp = first_interpreter();
-    let script = interp.stage(&tests::workloads_dir().join("chain.py"));
     let out = temp_path("sigterm-cmd", "txt");
+    let program = interp.argv(&tests::workloads_dir().join("chain.py"), &[]);
     let mut args = vec![
-        "record".to_string(),
-        "-v".into(),
-        "-f".into(),
-        "collapsed".into(),
-        "-o".into(),
-        out.to_str().unwrap().into(),
-        "--".into(),
+        "record",
+        "-v",
+        "-f",
+        "collapsed",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
     ];
-    if let Some(root) = &interp.root {
-        args.extend(["chroot".into(), root.to_str().unwrap().into()]);
-    }
-    args.extend([
-        interp.exe.to_str().unwrap().into(),
-        script.to_str().unwrap().into(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(program.iter().map(String::as_str));
     let mut pyebpf = Running::start(&args);
     pyebpf.wait_for(RECORDING, START_TIMEOUT);
     let command = launched_pid(&pyebpf.stderr.join("\n"));

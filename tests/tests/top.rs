@@ -5,7 +5,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tests::{interpreters_logged, marker_lines, pyebpf_bin, Interpreter, Workload};
+use tests::{
+    interpreters_logged, marker_lines, pyebpf_bin, pyebpf_unprivileged, Interpreter, Workload,
+};
 
 fn first_interpreter() -> Interpreter {
     interpreters_logged()
@@ -276,15 +278,7 @@ fn bad_input_gives_the_same_errors_as_record() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("not a CPython process"), "{stderr}");
 
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(pyebpf_bin())
+    let output = pyebpf_unprivileged()
         .args(["top", "--once"])
         .output()
         .expect("running setpriv");
