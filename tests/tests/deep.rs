@@ -18,6 +18,14 @@ fn is_truncated(stack: &[String]) -> bool {
         .any(|f| f == "<truncated>" || f == "<partial stack>")
 }
 
+/// The `stacks:` summary line pyebpf printed, for the log.
+fn stacks_summary(rec: &tests::Recording) -> &str {
+    rec.stderr
+        .lines()
+        .find(|l| l.contains("stacks:"))
+        .unwrap_or("")
+}
+
 /// Recursion 1000 deep: every sample reported complete has all 1001 `rec` frames, in order,
 /// with the right lines, between `<module>` and `leaf`.
 #[test]
@@ -73,11 +81,7 @@ fn recursion_1000_deep_is_complete_and_ordered() {
             );
             complete += count;
         }
-        let stats = rec
-            .stderr
-            .lines()
-            .find(|l| l.contains("stacks:"))
-            .unwrap_or("");
+        let stats = stacks_summary(&rec);
         eprintln!(
             "{}: {complete} complete, {truncated} truncated; {stats}",
             interp.label
@@ -142,11 +146,7 @@ fn alternating_chains_never_mix() {
             drop(workload);
             assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
             let (a, b, mixed) = chain_mixing(&rec);
-            let stats = rec
-                .stderr
-                .lines()
-                .find(|l| l.contains("stacks:"))
-                .unwrap_or("");
+            let stats = stacks_summary(&rec);
             eprintln!(
                 "{} depth {depth}: chain_a {a}, chain_b {b}, mixed {mixed}; {stats}",
                 interp.label

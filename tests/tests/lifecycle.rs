@@ -172,6 +172,17 @@ fn exec_pickup_within_one_second() {
     }
 }
 
+/// Those of `ours` that a stats-json id array (a kernel map's pids or tids) still lists.
+fn still_held(ours: &HashSet<u64>, held: &serde_json::Value) -> Vec<u64> {
+    let held: HashSet<u64> = held
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    ours.intersection(&held).copied().collect()
+}
+
 /// After 100 short-lived interpreters come and go, the kernel's pid and thread maps hold none
 /// of them: back to their size before.
 #[test]
@@ -227,13 +238,7 @@ fn exit_cleanup_after_100_processes() {
         lc["added_on_exec"].as_u64().unwrap_or(0) >= 90,
         "fewer than 90 of 100 short-lived interpreters were found at exec: {lc}"
     );
-    let end_tids: HashSet<u64> = maps["end_tids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_u64())
-        .collect();
-    let left: Vec<_> = tids.intersection(&end_tids).collect();
+    let left = still_held(&tids, &maps["end_tids"]);
     assert!(
         left.is_empty(),
         "THREADS still holds exited threads {left:?}"
@@ -244,13 +249,7 @@ fn exit_cleanup_after_100_processes() {
     );
     // Other tests may start or stop interpreters meanwhile: only ours are accounted for, and
     // none of them may be left in PROCS.
-    let end_pids: HashSet<u64> = maps["end_pids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_u64())
-        .collect();
-    let left: Vec<_> = pids.intersection(&end_pids).collect();
+    let left = still_held(&pids, &maps["end_pids"]);
     assert!(
         left.is_empty(),
         "PROCS still holds exited processes {left:?}"
