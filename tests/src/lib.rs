@@ -68,6 +68,20 @@ impl Interpreter {
     pub fn minor(&self) -> u32 {
         self.version.1
     }
+
+    /// The command line running `script` (a host path, staged) with `args`, for a launcher
+    /// that execs it (`pyebpf record --`, `unshare`): through the chroot when there is one.
+    pub fn argv(&self, script: &Path, args: &[&str]) -> Vec<String> {
+        let mut argv = Vec::new();
+        if let Some(root) = &self.root {
+            argv.push("chroot".to_string());
+            argv.push(root.to_str().unwrap().to_string());
+        }
+        argv.push(self.exe.to_str().unwrap().to_string());
+        argv.push(self.stage(script).to_str().unwrap().to_string());
+        argv.extend(args.iter().map(|a| a.to_string()));
+        argv
+    }
 }
 
 fn probe_version(interp: &Interpreter) -> Option<(u32, u32)> {
@@ -254,6 +268,40 @@ pub fn missing_prerequisite(test: &str, why: &str) {
     panic!("{why}: {test} needs it (to skip it on purpose, set {ALLOW_SKIP_ENV}={test})");
 }
 
+/// `unshare` giving the program appended to it new pid and mount namespaces with its own
+/// /proc, as a container would, and killing it when `unshare` dies.
+pub fn unshare_pid_and_mount() -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]);
+    cmd
+}
+
+/// `pyebpf` run as `nobody` with every capability dropped, as an unprivileged user would run
+/// it; append its arguments.
+pub fn pyebpf_unprivileged() -> Command {
+    pyebpf_via(&[
+        "setpriv",
+        "--reuid=nobody",
+        "--regid=nogroup",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ])
+}
+
+/// `pyebpf` run by `launcher`, a command that ends by exec'ing its arguments (so the child's
+/// pid stays pyebpf's); an empty `launcher` runs pyebpf itself. Append pyebpf's arguments.
+pub fn pyebpf_via(launcher: &[&str]) -> Command {
+    match launcher.split_first() {
+        Some((program, rest)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(rest).arg(pyebpf_bin());
+            cmd
+        }
+        None => Command::new(pyebpf_bin()),
+    }
+}
+
 /// The host pid of the program `unshare --pid --fork` (pid `unshare`) runs: unshare forks the
 /// namespace's init, which execs the program, so it is unshare's child.
 pub fn namespaced_child(unshare: u32) -> u32 {
@@ -419,6 +467,21 @@ pub fn record(args: &[&str]) -> Recording {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stacks: parse_collapsed(&text),
     }
+}
+
+/// Runs `pyebpf record -f collapsed -o <tmp> OPTS -- <script ARGS under interp>` (the workload
+/// in [`workloads_dir`]): pyebpf launches the program and profiles it from its start.
+pub fn record_command(
+    interp: &Interpreter,
+    script: &str,
+    args: &[&str],
+    opts: &[&str],
+) -> Recording {
+    let argv = interp.argv(&workloads_dir().join(script), args);
+    let mut cmd: Vec<&str> = opts.to_vec();
+    cmd.push("--");
+    cmd.extend(argv.iter().map(String::as_str));
+    record(&cmd)
 }
 
 /// Parses collapsed stacks (`a;b;c 12` per line).

@@ -4,7 +4,9 @@
 
 use std::process::Command;
 
-use tests::{interpreters_logged, one_line_error, pyebpf_bin, record, Workload};
+use tests::{
+    interpreters_logged, one_line_error, pyebpf_bin, pyebpf_unprivileged, record, Workload,
+};
 
 #[test]
 fn nonexistent_pid_is_a_usage_error() {
@@ -66,16 +68,7 @@ fn unsupported_version_names_version_and_binary() {
 
 #[test]
 fn missing_privileges_say_what_and_how() {
-    // Drop every capability and become `nobody`, as an unprivileged user would run it.
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(pyebpf_bin())
+    let output = pyebpf_unprivileged()
         .args(["record", "-d", "1"])
         .output()
         .expect("running setpriv");

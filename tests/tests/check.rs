@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use serde_json::Value;
-use tests::{interpreters_logged, pyebpf_bin, workloads_dir, Interpreter, Workload};
+use tests::{interpreters_logged, workloads_dir, Interpreter, Workload};
 
 /// `pyebpf check --json` (under `wrapper`, e.g. setpriv): exit code and the parsed report.
 fn check_json(wrapper: &[&str]) -> (i32, Value) {
@@ -30,14 +30,7 @@ fn check_text(wrapper: &[&str]) -> (i32, String) {
 }
 
 fn command(wrapper: &[&str], args: &[&str]) -> Command {
-    let mut cmd = match wrapper.split_first() {
-        Some((program, rest)) => {
-            let mut cmd = Command::new(program);
-            cmd.args(rest).arg(pyebpf_bin());
-            cmd
-        }
-        None => Command::new(pyebpf_bin()),
-    };
+    let mut cmd = tests::pyebpf_via(wrapper);
     cmd.args(args);
     cmd
 }
@@ -227,17 +220,9 @@ fn lists_live_interpreters_with_version_binary_and_layout_source() {
 /// its host pid, its pid inside, and both namespaces marked.
 #[test]
 fn marks_processes_in_other_namespaces() {
-    let python = "/usr/bin/python3.11";
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount",
-        "--mount-proc",
-        python,
-    ])
-    .arg(workloads_dir().join("sleeper.py"));
+    let mut cmd = tests::unshare_pid_and_mount();
+    cmd.arg("/usr/bin/python3.11")
+        .arg(workloads_dir().join("sleeper.py"));
     let workload = Workload::start_command(cmd, "sleeper.py in new pid and mount namespaces");
     let host_pid = tests::namespaced_child(workload.pid());
     let (code, report) = check_json(&[]);

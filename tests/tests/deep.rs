@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use tests::{
-    interpreters_logged, marker_lines, parse_label, record, Interpreter, PyLabel, Workload,
+    interpreters_logged, marker_lines, parse_label, record, record_command, Interpreter, PyLabel,
+    Workload,
 };
 
 fn labels(stack: &[String]) -> Vec<Option<PyLabel>> {
@@ -17,28 +18,12 @@ fn is_truncated(stack: &[String]) -> bool {
         .any(|f| f == "<truncated>" || f == "<partial stack>")
 }
 
-/// Runs `script args` under `interp` through `pyebpf record -- ...`.
-fn record_command(
-    interp: &Interpreter,
-    script: &str,
-    args: &[&str],
-    opts: &[&str],
-) -> tests::Recording {
-    let staged = interp.stage(&tests::workloads_dir().join(script));
-    let staged = staged.to_str().unwrap().to_string();
-    let exe = interp.exe.to_str().unwrap().to_string();
-    let root = interp
-        .root
-        .as_ref()
-        .map(|r| r.to_str().unwrap().to_string());
-    let mut cmd: Vec<&str> = opts.to_vec();
-    cmd.push("--");
-    if let Some(root) = &root {
-        cmd.extend(["chroot", root]);
-    }
-    cmd.extend([exe.as_str(), staged.as_str()]);
-    cmd.extend(args);
-    record(&cmd)
+/// The `stacks:` summary line pyebpf printed, for the log.
+fn stacks_summary(rec: &tests::Recording) -> &str {
+    rec.stderr
+        .lines()
+        .find(|l| l.contains("stacks:"))
+        .unwrap_or("")
 }
 
 /// Recursion 1000 deep: every sample reported complete has all 1001 `rec` frames, in order,
@@ -96,11 +81,7 @@ fn recursion_1000_deep_is_complete_and_ordered() {
             );
             complete += count;
         }
-        let stats = rec
-            .stderr
-            .lines()
-            .find(|l| l.contains("stacks:"))
-            .unwrap_or("");
+        let stats = stacks_summary(&rec);
         eprintln!(
             "{}: {complete} complete, {truncated} truncated; {stats}",
             interp.label
@@ -165,11 +146,7 @@ fn alternating_chains_never_mix() {
             drop(workload);
             assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
             let (a, b, mixed) = chain_mixing(&rec);
-            let stats = rec
-                .stderr
-                .lines()
-                .find(|l| l.contains("stacks:"))
-                .unwrap_or("");
+            let stats = stacks_summary(&rec);
             eprintln!(
                 "{} depth {depth}: chain_a {a}, chain_b {b}, mixed {mixed}; {stats}",
                 interp.label

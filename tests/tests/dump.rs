@@ -503,17 +503,10 @@ fn dump_async_needs_314() {
 #[test]
 fn dump_a_process_in_a_container() {
     let inside = temp_path("dump-container-heartbeat", "txt");
-    let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount",
-        "--mount-proc",
-        "/usr/bin/python3.11",
-    ])
-    .arg(tests::workloads_dir().join("dump_threads.py"))
-    .arg(&inside);
+    let mut cmd = tests::unshare_pid_and_mount();
+    cmd.arg("/usr/bin/python3.11")
+        .arg(tests::workloads_dir().join("dump_threads.py"))
+        .arg(&inside);
     let workload = Workload::start_command(cmd, "dump_threads.py in new pid and mount namespaces");
     let host_pid = tests::namespaced_child(workload.pid());
     let doc = dump_json(host_pid, &[]);

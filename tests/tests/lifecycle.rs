@@ -2,14 +2,11 @@
 //! namespaces, embedded in C programs, with many threads, and many at once.
 
 use std::collections::{HashMap, HashSet};
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tests::{
-    interpreters_logged, parse_label, pyebpf_bin, workloads_dir, Interpreter, Recording, Workload,
-};
+use tests::{interpreters_logged, parse_label, workloads_dir, Interpreter, Recording, Workload};
 
 /// A `pyebpf record -f collapsed` running in the background.
 struct Background {
@@ -41,15 +38,7 @@ impl Background {
     fn start_via(tag: &str, launcher: &[&str], args: &[&str]) -> Background {
         let out = temp(&format!("{tag}.txt"));
         let stats = temp(&format!("{tag}.json"));
-        let mut cmd = match launcher.split_first() {
-            Some((program, rest)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(rest).arg(pyebpf_bin());
-                cmd
-            }
-            None => Command::new(pyebpf_bin()),
-        };
-        let child = cmd
+        let child = tests::pyebpf_via(launcher)
             .arg("record")
             .args(["-f", "collapsed", "-o"])
             .arg(&out)
@@ -101,31 +90,6 @@ impl From<Recording> for Rec {
             stacks: r.stacks,
         }
     }
-}
-
-/// Starts `cmd` (stdout piped) and waits for it to print `ready`.
-fn start_command(mut cmd: Command, what: &str) -> Workload {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
-    let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        let n = reader
-            .read_line(&mut line)
-            .expect("reading workload output");
-        assert!(n > 0, "{what} exited before printing ready");
-        let line = line.trim().to_string();
-        let done = line == "ready";
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-    Workload { child, lines }
 }
 
 /// Samples per root label (process) whose Python frames include `function`.
@@ -208,6 +172,17 @@ fn exec_pickup_within_one_second() {
     }
 }
 
+/// Those of `ours` that a stats-json id array (a kernel map's pids or tids) still lists.
+fn still_held(ours: &HashSet<u64>, held: &serde_json::Value) -> Vec<u64> {
+    let held: HashSet<u64> = held
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    ours.intersection(&held).copied().collect()
+}
+
 /// After 100 short-lived interpreters come and go, the kernel's pid and thread maps hold none
 /// of them: back to their size before.
 #[test]
@@ -263,13 +238,7 @@ fn exit_cleanup_after_100_processes() {
         lc["added_on_exec"].as_u64().unwrap_or(0) >= 90,
         "fewer than 90 of 100 short-lived interpreters were found at exec: {lc}"
     );
-    let end_tids: HashSet<u64> = maps["end_tids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_u64())
-        .collect();
-    let left: Vec<_> = tids.intersection(&end_tids).collect();
+    let left = still_held(&tids, &maps["end_tids"]);
     assert!(
         left.is_empty(),
         "THREADS still holds exited threads {left:?}"
@@ -280,13 +249,7 @@ fn exit_cleanup_after_100_processes() {
     );
     // Other tests may start or stop interpreters meanwhile: only ours are accounted for, and
     // none of them may be left in PROCS.
-    let end_pids: HashSet<u64> = maps["end_pids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v.as_u64())
-        .collect();
-    let left: Vec<_> = pids.intersection(&end_pids).collect();
+    let left = still_held(&pids, &maps["end_pids"]);
     assert!(
         left.is_empty(),
         "PROCS still holds exited processes {left:?}"
@@ -417,14 +380,9 @@ fn child_of(pid: u32) -> Option<u32> {
 fn pid_namespaced_process_has_correct_stacks() {
     let _serial = serial();
     for interp in &interpreters_logged() {
-        let script = interp.stage(&workloads_dir().join("chain.py"));
-        let mut cmd = Command::new("unshare");
-        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-        if let Some(root) = &interp.root {
-            cmd.arg("chroot").arg(root);
-        }
-        cmd.arg(&interp.exe).arg(&script);
-        let workload = start_command(cmd, &format!("unshare {}", interp.label));
+        let mut cmd = tests::unshare_pid_and_mount();
+        cmd.args(interp.argv(&workloads_dir().join("chain.py"), &[]));
+        let workload = Workload::start_command(cmd, &format!("unshare {}", interp.label));
         let host_pid = child_of(workload.pid()).expect("unshare's child");
         let rec: Rec = tests::record(&["-d", "2", "-r", "499"]).into();
         drop(workload);
@@ -518,7 +476,7 @@ fn embedded_interpreter_has_correct_stacks() {
     );
     let mut cmd = Command::new(&exe);
     cmd.arg(workloads_dir().join("chain.py"));
-    let workload = start_command(cmd, "embed-host");
+    let workload = Workload::start_command(cmd, "embed-host");
     let pid = workload.pid();
     // System-wide, so discovery itself (not an explicit -p) has to find it.
     let rec: Rec = tests::record(&["-d", "2", "-r", "499"]).into();

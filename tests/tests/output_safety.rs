@@ -66,6 +66,27 @@ fn unwritable_output_fails_before_sampling() {
     );
 }
 
+/// `pyebpf record -v -p PID -d SECONDS -f collapsed -o OUT EXTRA` in the background, once it
+/// has begun recording.
+fn recording(pid: &str, seconds: &str, out: &Path, extra: &[&str]) -> Running {
+    let mut args = vec![
+        "record",
+        "-v",
+        "-p",
+        pid,
+        "-d",
+        seconds,
+        "-f",
+        "collapsed",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let mut pyebpf = Running::start(&args);
+    pyebpf.wait_for(RECORDING, START_TIMEOUT);
+    pyebpf
+}
+
 /// The path a `saved to PATH instead` line names.
 fn fallback_named(stderr: &str, extension: &str) -> PathBuf {
     stderr
@@ -87,21 +108,7 @@ fn output_directory_removed_while_recording_falls_back_to_temp() {
     std::fs::create_dir(&dir).unwrap();
     let out = dir.join("out.txt");
     let stats = dir.join("stats.json");
-    let mut pyebpf = Running::start(&[
-        "record",
-        "-v",
-        "-p",
-        &pid,
-        "-d",
-        "4",
-        "-f",
-        "collapsed",
-        "-o",
-        out.to_str().unwrap(),
-        "--stats-json",
-        stats.to_str().unwrap(),
-    ]);
-    pyebpf.wait_for(RECORDING, START_TIMEOUT);
+    let pyebpf = recording(&pid, "4", &out, &["--stats-json", stats.to_str().unwrap()]);
     // Both paths were checked (and left uncreated); now the directory goes away.
     std::fs::remove_dir(&dir).expect("the checks left files behind");
     let (status, stderr) = pyebpf.finish(Duration::from_secs(60));
@@ -112,12 +119,7 @@ fn output_directory_removed_while_recording_falls_back_to_temp() {
     let stats_fallback = fallback_named(&stderr, ".stats.json");
     assert_eq!(profile.parent(), Some(std::env::temp_dir().as_path()));
     let text = std::fs::read_to_string(&profile).expect("reading the fallback profile");
-    let stacks = parse_collapsed(&text);
-    let leaf: u64 = stacks
-        .iter()
-        .filter(|(s, _)| s.iter().any(|f| f.starts_with("leaf (")))
-        .map(|(_, c)| c)
-        .sum();
+    let leaf = leaf_samples(&text);
     eprintln!("fallback {}: {leaf} samples in leaf()", profile.display());
     assert!(leaf >= 20, "{leaf} samples in leaf(): {text}");
     let json: serde_json::Value =
@@ -135,19 +137,7 @@ fn signal_ends_recording(signal: &str) {
     let workload = Workload::start(&interp, "chain.py", &[]);
     let pid = workload.pid().to_string();
     let out = temp_path(&format!("sig{signal}"), "txt");
-    let mut pyebpf = Running::start(&[
-        "record",
-        "-v",
-        "-p",
-        &pid,
-        "-d",
-        "120",
-        "-f",
-        "collapsed",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    pyebpf.wait_for(RECORDING, START_TIMEOUT);
+    let pyebpf = recording(&pid, "120", &out, &[]);
     std::thread::sleep(Duration::from_secs(2));
     let sent = Instant::now();
     pyebpf.signal(signal);
@@ -214,25 +204,18 @@ fn sighup_ends_recording_with_profile_written() {
 #[test]
 fn sigterm_in_command_mode_stops_the_command_too() {
     let interp = first_interpreter();
-    let script = interp.stage(&tests::workloads_dir().join("chain.py"));
     let out = temp_path("sigterm-cmd", "txt");
+    let program = interp.argv(&tests::workloads_dir().join("chain.py"), &[]);
     let mut args = vec![
-        "record".to_string(),
-        "-v".into(),
-        "-f".into(),
-        "collapsed".into(),
-        "-o".into(),
-        out.to_str().unwrap().into(),
-        "--".into(),
+        "record",
+        "-v",
+        "-f",
+        "collapsed",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
     ];
-    if let Some(root) = &interp.root {
-        args.extend(["chroot".into(), root.to_str().unwrap().into()]);
-    }
-    args.extend([
-        interp.exe.to_str().unwrap().into(),
-        script.to_str().unwrap().into(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(program.iter().map(String::as_str));
     let mut pyebpf = Running::start(&args);
     pyebpf.wait_for(RECORDING, START_TIMEOUT);
     let command = launched_pid(&pyebpf.stderr.join("\n"));

@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use tests::{interpreters_logged, marker_lines, parse_label, record, PyLabel, Workload};
+use tests::{
+    interpreters_logged, marker_lines, parse_label, record, record_command, PyLabel, Workload,
+};
 
 fn py(function: &str, file: &str, line: u32) -> PyLabel {
     PyLabel {
@@ -173,18 +175,7 @@ fn samples_match_cpu_time_times_rate() {
     const RATE: f64 = 199.0;
     let mut failures = Vec::new();
     for interp in &interpreters_logged() {
-        let script = interp.stage(&tests::workloads_dir().join("cpu_time.py"));
-        let script = script.to_str().unwrap();
-        let exe = interp.exe.to_str().unwrap();
-        let rate = RATE.to_string();
-        let mut cmd: Vec<&str> = vec!["-r", &rate, "--"];
-        let root;
-        if let Some(r) = &interp.root {
-            root = r.to_str().unwrap().to_string();
-            cmd.extend(["chroot", &root]);
-        }
-        cmd.extend([exe, script, "3"]);
-        let rec = record(&cmd);
+        let rec = record_command(interp, "cpu_time.py", &["3"], &["-r", &RATE.to_string()]);
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let cpu: f64 = rec
             .stdout
@@ -216,17 +207,7 @@ fn samples_match_cpu_time_times_rate() {
 #[test]
 fn command_mode_profiles_and_propagates_exit_code() {
     for interp in &interpreters_logged() {
-        let script = interp.stage(&tests::workloads_dir().join("exit_code.py"));
-        let script = script.to_str().unwrap();
-        let exe = interp.exe.to_str().unwrap();
-        let mut cmd: Vec<&str> = vec!["-d", "30", "--"];
-        let root;
-        if let Some(r) = &interp.root {
-            root = r.to_str().unwrap().to_string();
-            cmd.extend(["chroot", &root]);
-        }
-        cmd.extend([exe, script, "1.5", "7"]);
-        let rec = record(&cmd);
+        let rec = record_command(interp, "exit_code.py", &["1.5", "7"], &["-d", "30"]);
         eprintln!("{}: {}", interp.label, rec.stderr.trim());
         assert_eq!(
             rec.status.code(),

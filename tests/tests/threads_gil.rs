@@ -4,7 +4,7 @@
 //! hashing a 32 MiB buffer in a loop: `hashlib` releases the GIL for the whole digest, so that
 //! thread is on a CPU without the GIL nearly all the time.
 
-use tests::{interpreters_logged, record, Recording, Workload};
+use tests::{interpreters_logged, record, record_command, Recording, Workload};
 
 /// Samples under the `thread <tid> (…)` frame of `tid` with a Python frame of `function`.
 fn thread_samples(rec: &Recording, tid: &str, function: &str) -> u64 {
@@ -27,16 +27,12 @@ fn gil_keeps_only_gil_holders() {
     for interp in &interps {
         // With --gil: the whole program under `record -- CMD`, so the spinning thread's own
         // CPU time (it prints it) × the rate is what it should get.
-        let script = interp.stage(&tests::workloads_dir().join("gil.py"));
-        let (script, exe) = (script.to_str().unwrap(), interp.exe.to_str().unwrap());
-        let mut cmd = vec!["-r", "997", "--threads", "--gil", "--"];
-        let root;
-        if let Some(r) = &interp.root {
-            root = r.to_str().unwrap().to_string();
-            cmd.extend(["chroot", &root]);
-        }
-        cmd.extend([exe, script, "2"]);
-        let with = record(&cmd);
+        let with = record_command(
+            interp,
+            "gil.py",
+            &["2"],
+            &["-r", "997", "--threads", "--gil"],
+        );
         let printed = |name: &str| {
             with.stdout
                 .lines()

@@ -5,7 +5,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tests::{interpreters_logged, marker_lines, pyebpf_bin, Interpreter, Workload};
+use tests::{
+    interpreters_logged, marker_lines, pyebpf_bin, pyebpf_unprivileged, Interpreter, Workload,
+};
 
 fn first_interpreter() -> Interpreter {
     interpreters_logged()
@@ -78,6 +80,28 @@ impl Snapshots {
             .recv_timeout(Duration::from_secs(5))
             .unwrap_or_else(|_| panic!("no snapshot while waiting for {what}"))
     }
+
+    /// Reads snapshots until one `shows` what is awaited and returns it; panics with the last
+    /// one once `limit` has passed since `since` without.
+    fn until(
+        &mut self,
+        what: &str,
+        since: Instant,
+        limit: Duration,
+        shows: impl Fn(&str) -> bool,
+    ) -> String {
+        loop {
+            let snap = self.next(what);
+            if shows(&snap) {
+                return snap;
+            }
+            assert!(
+                since.elapsed() < limit,
+                "{what}: not seen after {:?}:\n{snap}",
+                since.elapsed()
+            );
+        }
+    }
 }
 
 impl Drop for Snapshots {
@@ -98,31 +122,17 @@ fn follows_a_process_through_exec() {
     let pid = workload.pid();
     let mut snapshots = Snapshots::start(&["-p", &pid.to_string(), "-n", "20", "--delay", "0.5"]);
     let started = Instant::now();
-    loop {
-        let snap = snapshots.next("before_exec");
-        if has_row(&snap, pid, "before_exec") {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "before_exec not shown:\n{snap}"
-        );
-    }
-    loop {
-        let snap = snapshots.next("after_exec");
-        if has_row(&snap, pid, "after_exec") {
-            eprintln!(
-                "after_exec shown {:?} after start:\n{snap}",
-                started.elapsed()
-            );
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(6),
-            "pid {pid} not followed through its exec after {:?}:\n{snap}",
-            started.elapsed()
-        );
-    }
+    snapshots.until("before_exec", started, Duration::from_secs(3), |s| {
+        has_row(s, pid, "before_exec")
+    });
+    let what = format!("pid {pid} followed through its exec to after_exec");
+    let snap = snapshots.until(&what, started, Duration::from_secs(6), |s| {
+        has_row(s, pid, "after_exec")
+    });
+    eprintln!(
+        "after_exec shown {:?} after start:\n{snap}",
+        started.elapsed()
+    );
     drop(workload);
 }
 
@@ -221,32 +231,18 @@ fn text_mode_follows_processes_starting_and_exiting() {
     let workload = Workload::start(&interp, "chain.py", &[]);
     let pid = workload.pid();
     let started = Instant::now();
-    loop {
-        let snap = snapshots.next("the new process");
-        if has_row(&snap, pid, "leaf") {
-            eprintln!("appeared after {:?}:\n{snap}", started.elapsed());
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "pid {pid} not shown after {:?}:\n{snap}",
-            started.elapsed()
-        );
-    }
+    let what = format!("the new process {pid}");
+    let snap = snapshots.until(&what, started, Duration::from_secs(3), |s| {
+        has_row(s, pid, "leaf")
+    });
+    eprintln!("appeared after {:?}:\n{snap}", started.elapsed());
     drop(workload);
     let exited = Instant::now();
-    loop {
-        let snap = snapshots.next("the process to go");
-        if !snap.contains(&format!(" {pid} ")) {
-            eprintln!("gone after {:?}", exited.elapsed());
-            break;
-        }
-        assert!(
-            exited.elapsed() < Duration::from_secs(3),
-            "pid {pid} still shown {:?} after exit:\n{snap}",
-            exited.elapsed()
-        );
-    }
+    let what = format!("process {pid} gone after its exit");
+    snapshots.until(&what, exited, Duration::from_secs(3), |s| {
+        !s.contains(&format!(" {pid} "))
+    });
+    eprintln!("gone after {:?}", exited.elapsed());
     drop(snapshots);
 }
 
@@ -276,15 +272,7 @@ fn bad_input_gives_the_same_errors_as_record() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("not a CPython process"), "{stderr}");
 
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(pyebpf_bin())
+    let output = pyebpf_unprivileged()
         .args(["top", "--once"])
         .output()
         .expect("running setpriv");

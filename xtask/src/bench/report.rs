@@ -470,6 +470,39 @@ pub fn write(rec: &Recorded, root: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The axes of a chart with one group of bars per configuration (x from 0 to the number of
+/// configurations): each configuration named under the middle of its group, no vertical grid.
+fn draw_config_mesh<Y>(
+    chart: &mut plotters::chart::ChartContext<
+        '_,
+        plotters::backend::BitMapBackend<'_>,
+        plotters::coord::cartesian::Cartesian2d<plotters::coord::types::RangedCoordf64, Y>,
+    >,
+    labels: &[String],
+    y_desc: &str,
+) -> Result<()>
+where
+    Y: plotters::coord::ranged1d::Ranged + plotters::coord::ranged1d::ValueFormatter<Y::ValueType>,
+{
+    let label_at = |x: &f64| {
+        let i = x.floor() as usize;
+        if (x - i as f64 - 0.5).abs() < 0.01 {
+            labels.get(i).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(labels.len() * 2 + 1)
+        .x_label_formatter(&label_at)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    Ok(())
+}
+
 fn chart(rows: &[Row], path: &Path) -> Result<()> {
     use plotters::prelude::*;
 
@@ -514,6 +547,15 @@ fn chart(rows: &[Row], path: &Path) -> Result<()> {
         .map(|c| format!("{} Hz, d{}, x{}", c.rate, c.depth, c.procs))
         .collect();
     let width = 0.8 / series.len().max(1) as f64;
+    // Series `k`'s values that `value` finds: (left edge of its bar in the configuration's
+    // group, value) for each configuration that has one.
+    let points = |k: usize, value: &dyn Fn(&Config) -> Option<f64>| -> Vec<(f64, f64)> {
+        configs
+            .iter()
+            .enumerate()
+            .filter_map(|(ci, c)| Some((ci as f64 + 0.1 + k as f64 * width, value(c)?)))
+            .collect()
+    };
 
     // CPU per sample, log scale.
     let max_us = rows
@@ -530,50 +572,30 @@ fn chart(rows: &[Row], path: &Path) -> Result<()> {
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(0f64..n, (0.1f64..max_us * 30.0).log_scale())?;
-    let labels2 = labels.clone();
-    cpu.configure_mesh()
-        .disable_x_mesh()
-        .x_labels(configs.len() * 2 + 1)
-        .x_label_formatter(&move |x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 {
-                labels2.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("µs / sample")
-        .label_style(("sans-serif", 15))
-        .draw()?;
+    draw_config_mesh(&mut cpu, &labels, "µs / sample")?;
     for (k, (interp, prof, color)) in series.iter().enumerate() {
-        let bars: Vec<_> = configs
+        let points = points(k, &|c| {
+            let v = get(c, *interp, *prof)?.win_us;
+            v.is_finite().then_some(v)
+        });
+        let bars: Vec<_> = points
             .iter()
-            .enumerate()
-            .filter_map(|(ci, c)| {
-                let v = get(c, *interp, *prof)?.win_us;
-                v.is_finite().then(|| {
-                    let x0 = ci as f64 + 0.1 + k as f64 * width;
-                    Rectangle::new([(x0, 0.1), (x0 + width * 0.92, v.max(0.1))], color.filled())
-                })
+            .map(|&(x0, v)| {
+                Rectangle::new([(x0, 0.1), (x0 + width * 0.92, v.max(0.1))], color.filled())
             })
             .collect();
         cpu.draw_series(bars)?
             .label(format!("{} (python {})", prof.label(), version(*interp)))
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
         // The value above each bar.
-        let values: Vec<_> = configs
+        let values: Vec<_> = points
             .iter()
-            .enumerate()
-            .filter_map(|(ci, c)| {
-                let v = get(c, *interp, *prof)?.win_us;
-                v.is_finite().then(|| {
-                    let x0 = ci as f64 + 0.1 + k as f64 * width;
-                    Text::new(
-                        short(v),
-                        (x0, v.max(0.1) * 1.25),
-                        ("sans-serif", 12).into_font(),
-                    )
-                })
+            .map(|&(x0, v)| {
+                Text::new(
+                    short(v),
+                    (x0, v.max(0.1) * 1.25),
+                    ("sans-serif", 12).into_font(),
+                )
             })
             .collect();
         cpu.draw_series(values)?;
@@ -622,50 +644,32 @@ fn chart(rows: &[Row], path: &Path) -> Result<()> {
         .x_label_area_size(40)
         .y_label_area_size(70)
         .build_cartesian_2d(0f64..n, lo..hi)?;
-    sl.configure_mesh()
-        .disable_x_mesh()
-        .x_labels(configs.len() * 2 + 1)
-        .x_label_formatter(&move |x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 {
-                labels.get(i).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("slowdown %")
-        .label_style(("sans-serif", 15))
-        .draw()?;
+    draw_config_mesh(&mut sl, &labels, "slowdown %")?;
     for (k, (interp, prof, color)) in series.iter().enumerate() {
-        let bars: Vec<_> = configs
+        let points = points(k, &|c| get(c, *interp, *prof)?.slowdown_pct);
+        let bars: Vec<_> = points
             .iter()
-            .enumerate()
-            .filter_map(|(ci, c)| {
-                let v = get(c, *interp, *prof)?.slowdown_pct?;
-                let x0 = ci as f64 + 0.1 + k as f64 * width;
-                Some(Rectangle::new(
+            .map(|&(x0, v)| {
+                Rectangle::new(
                     [(x0, 0.0), (x0 + width * 0.92, v.clamp(lo, hi))],
                     color.filled(),
-                ))
+                )
             })
             .collect();
         sl.draw_series(bars)?;
-        let values: Vec<_> = configs
+        let values: Vec<_> = points
             .iter()
-            .enumerate()
-            .filter_map(|(ci, c)| {
-                let v = get(c, *interp, *prof)?.slowdown_pct?;
-                let x0 = ci as f64 + 0.1 + k as f64 * width;
+            .map(|&(x0, v)| {
                 let y = if v >= 0.0 {
                     v.min(hi / 1.15) + hi * 0.02
                 } else {
                     v.max(lo / 1.15) - hi * 0.02
                 };
-                Some(Text::new(
+                Text::new(
                     format!("{v:.0}"),
                     (x0, y.clamp(lo, hi)),
                     ("sans-serif", 12).into_font(),
-                ))
+                )
             })
             .collect();
         sl.draw_series(values)?;

@@ -591,56 +591,62 @@ fn start_profiler(
         }
         Profiler::PySpy | Profiler::PySpyNb | Profiler::PySpyNative => {
             let py_spy = env.py_spy.as_ref().context("py-spy is not installed")?;
-            for (i, pid) in pids.iter().enumerate() {
-                let path = dir.join(format!("py-spy{i}.txt"));
-                let perf_out = dir.join(format!("py-spy{i}.perf"));
+            out = spawn_per_pid(env, pids, dir, "py-spy", |pid, path| {
                 let mut base = Command::new(py_spy);
                 base.args(["record", "--pid", &pid.to_string()])
                     .args(["--rate", &cfg.rate.to_string()])
                     .args(["--duration", &duration.to_string()])
                     .args(["--format", "raw", "-o"])
-                    .arg(&path);
+                    .arg(path);
                 if prof == Profiler::PySpyNb {
                     base.arg("--nonblocking");
                 }
                 if prof == Profiler::PySpyNative {
                     base.arg("--native");
                 }
-                let mut cmd = counted(env, base, &perf_out);
-                cmd.stdin(Stdio::null())
-                    .stdout(log(&format!("py-spy{i}.log"))?)
-                    .stderr(log(&format!("py-spy{i}.err"))?);
-                let child = proc_::spawn(&mut cmd)?;
-                out.push(Prof {
-                    pid: child.id(),
-                    out: path,
-                    perf_out: env.perf.then_some(perf_out),
-                });
-            }
+                base
+            })?;
         }
         Profiler::Tachyon => {
-            for (i, pid) in pids.iter().enumerate() {
-                let path = dir.join(format!("tachyon{i}.txt"));
-                let perf_out = dir.join(format!("tachyon{i}.perf"));
+            out = spawn_per_pid(env, pids, dir, "tachyon", |pid, path| {
                 let mut base = env.sid_python_on_host();
                 base.args(["-m", "profiling.sampling", "attach"])
                     .args(["-r", &cfg.rate.to_string()])
                     .args(["-d", &duration.to_string()])
                     .args(["--collapsed", "-o"])
-                    .arg(&path)
+                    .arg(path)
                     .arg(pid.to_string());
-                let mut cmd = counted(env, base, &perf_out);
-                cmd.stdin(Stdio::null())
-                    .stdout(log(&format!("tachyon{i}.log"))?)
-                    .stderr(log(&format!("tachyon{i}.err"))?);
-                let child = proc_::spawn(&mut cmd)?;
-                out.push(Prof {
-                    pid: child.id(),
-                    out: path,
-                    perf_out: env.perf.then_some(perf_out),
-                });
-            }
+                base
+            })?;
         }
+    }
+    Ok(out)
+}
+
+/// Starts one `tool` per target (py-spy and Tachyon attach to a single process each), counted
+/// under perf when asked: `command(pid, profile)` builds it; the profile, log and perf counts
+/// of the i-th are `<tool><i>.*` in `dir`.
+fn spawn_per_pid(
+    env: &Env,
+    pids: &[u32],
+    dir: &Path,
+    tool: &str,
+    command: impl Fn(u32, &Path) -> Command,
+) -> Result<Vec<Prof>> {
+    let mut out = Vec::new();
+    for (i, &pid) in pids.iter().enumerate() {
+        let path = dir.join(format!("{tool}{i}.txt"));
+        let perf_out = dir.join(format!("{tool}{i}.perf"));
+        let mut cmd = counted(env, command(pid, &path), &perf_out);
+        cmd.stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("{tool}{i}.log")))?)
+            .stderr(std::fs::File::create(dir.join(format!("{tool}{i}.err")))?);
+        let child = proc_::spawn(&mut cmd)?;
+        out.push(Prof {
+            pid: child.id(),
+            out: path,
+            perf_out: env.perf.then_some(perf_out),
+        });
     }
     Ok(out)
 }
