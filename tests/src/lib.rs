@@ -27,6 +27,7 @@ impl Interpreter {
     /// A command running `script` (a host path) with `args`. Under a chroot the script is
     /// copied into `<root>/tmp/pyebpf-tests/` first, and that in-root path is what Python sees.
     pub fn command(&self, script: &Path, args: &[&str]) -> Command {
+        self.note_run();
         let mut cmd = self.python();
         cmd.arg(self.stage(script)).args(args);
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
@@ -65,6 +66,31 @@ impl Interpreter {
         inside
     }
 
+    /// Appends "test binary, test, interpreter" to [`RUNS_ENV`]'s file when it is set, so that
+    /// `cargo xtask test` can say how many tests ran a workload under each interpreter: the
+    /// harness hides the output of passing tests.
+    fn note_run(&self) {
+        let Some(path) = std::env::var_os(RUNS_ENV) else {
+            return;
+        };
+        let binary = std::env::current_exe()
+            .ok()
+            .and_then(|p| Some(p.file_stem()?.to_string_lossy().into_owned()))
+            .unwrap_or_default();
+        // Test binaries are `NAME-HASH`; libtest names each test's thread after the test.
+        let binary = binary.rsplit_once('-').map_or(&*binary, |(name, _)| name);
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let line = format!("{binary}\t{test}\t{}\n", self.label);
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+        if let Err(e) = appended {
+            panic!("{RUNS_ENV}: appending to {}: {e}", path.to_string_lossy());
+        }
+    }
+
     pub fn minor(&self) -> u32 {
         self.version.1
     }
@@ -72,6 +98,7 @@ impl Interpreter {
     /// The command line running `script` (a host path, staged) with `args`, for a launcher
     /// that execs it (`pyebpf record --`, `unshare`): through the chroot when there is one.
     pub fn argv(&self, script: &Path, args: &[&str]) -> Vec<String> {
+        self.note_run();
         let mut argv = Vec::new();
         if let Some(root) = &self.root {
             argv.push("chroot".to_string());
@@ -196,6 +223,9 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
     }
     (found, skipped)
 }
+
+/// The file (set by `cargo xtask test`) that each workload run under an interpreter is noted in.
+pub const RUNS_ENV: &str = "PYEBPF_TEST_RUNS";
 
 /// The variable that restricts [`interpreters`] to some labels.
 pub const INTERPRETERS_ENV: &str = "PYEBPF_TEST_INTERPRETERS";

@@ -103,9 +103,12 @@ pub fn test(args: &TestArgs) -> Result<()> {
 
     util::step("cargo test --workspace");
     let (cargo_args, harness_args) = split_at_dashdash(&args.args);
+    let runs = util::target_dir().join("pyebpf-test-runs.tsv");
+    let _ = std::fs::remove_file(&runs);
     let mut cmd = util::cargo();
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
+        .env("PYEBPF_TEST_RUNS", &runs)
         .envs(consumers.env())
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
@@ -119,6 +122,7 @@ pub fn test(args: &TestArgs) -> Result<()> {
     cmd.args(harness_args);
     let ok = util::status(&mut cmd)?.success();
     done("cargo test", &mut lap);
+    eprintln!("{}", runs_per_interpreter(&runs));
 
     let summary: Vec<String> = timings
         .iter()
@@ -134,6 +138,30 @@ pub fn test(args: &TestArgs) -> Result<()> {
     }
     eprintln!("all tests passed");
     Ok(())
+}
+
+/// How many tests ran a Python workload under each interpreter, from the lines the tests
+/// append to `runs` (`binary\ttest\tinterpreter`); the harness hides passing tests' output.
+fn runs_per_interpreter(runs: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(runs).unwrap_or_default();
+    let mut per: std::collections::BTreeMap<&str, std::collections::BTreeSet<(&str, &str)>> =
+        Default::default();
+    for line in text.lines() {
+        if let [binary, test, interpreter] = line.split('\t').collect::<Vec<_>>()[..] {
+            per.entry(interpreter).or_default().insert((binary, test));
+        }
+    }
+    if per.is_empty() {
+        return "tests that ran a Python workload: none".to_string();
+    }
+    let counts: Vec<String> = per
+        .iter()
+        .map(|(interpreter, tests)| format!("{interpreter}: {}", tests.len()))
+        .collect();
+    format!(
+        "tests that ran a Python workload, per interpreter: {}",
+        counts.join(", ")
+    )
 }
 
 /// `a b -- c d` -> (`a b`, `c d`); without `--` everything is for cargo.
