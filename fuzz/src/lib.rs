@@ -17,6 +17,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use profiler::python::asyncio::{AsyncLayout, AsyncOffsets};
 use profiler::python::debug_offsets;
 use profiler::python::layout::{PyLayout, PyVersion};
 use profiler::python::tables;
@@ -58,6 +59,8 @@ fn arena() -> *mut u8 {
 
 /// One memory input, decoded.
 pub struct Input {
+    /// Its index in [`layouts`].
+    pub index: usize,
     pub layout: PyLayout,
     pub flags: u16,
     pub args: [u64; 4],
@@ -69,7 +72,8 @@ pub fn load(data: &[u8]) -> Option<Input> {
     let header = data.get(..HEADER_BYTES)?;
     let image = &data[HEADER_BYTES..];
     let all = layouts();
-    let layout = all[header[0] as usize % all.len()];
+    let index = header[0] as usize % all.len();
+    let layout = all[index];
     let flags = u16::from_le_bytes([header[1], header[2]]);
     let args = [0, 1, 2, 3].map(|i| {
         let at = 8 + 8 * i;
@@ -86,6 +90,7 @@ pub fn load(data: &[u8]) -> Option<Input> {
         }
     }
     Some(Input {
+        index,
         layout,
         flags,
         args,
@@ -109,6 +114,26 @@ pub fn layouts() -> &'static [PyLayout] {
             all.push(debug_offsets::parse(bytes).expect("a real _Py_DebugOffsets parses"));
         }
         all
+    })
+}
+
+/// The asyncio layout of each of [`layouts`], where it has one (3.14, 3.15): the real
+/// `.AsyncioDebug` sections (the `asyncio` target's seeds) paired with it.
+pub fn async_layouts() -> &'static [Option<AsyncLayout>] {
+    static ALL: OnceLock<Vec<Option<AsyncLayout>>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        layouts()
+            .iter()
+            .map(|layout| {
+                let section: &[u8] = match layout.version.minor {
+                    14 => include_bytes!("../seeds/asyncio/sid-3.14-section"),
+                    15 => include_bytes!("../seeds/asyncio/sid-3.15-section"),
+                    _ => return None,
+                };
+                let offsets = AsyncOffsets::parse(section).expect("a real .AsyncioDebug parses");
+                Some(AsyncLayout::new(offsets, layout).expect("3.14+ layouts have coroutines"))
+            })
+            .collect()
     })
 }
 
@@ -154,6 +179,14 @@ impl Image {
         if self.bytes.len() < end {
             self.bytes.resize(end, 0);
         }
+    }
+
+    /// Room for `size` bytes after everything written so far (16-byte aligned, zeroed): where
+    /// a seed builder puts its next object.
+    pub fn alloc(&mut self, size: usize) -> usize {
+        let at = self.bytes.len().next_multiple_of(16);
+        self.grow(at + size);
+        at
     }
 
     pub fn put(&mut self, at: usize, bytes: &[u8]) -> &mut Image {
