@@ -100,6 +100,10 @@ fuzz_target!(
         if let Some(threads) = thread_states(pid, l, runtime, &mut reads) {
             assert!(threads.len() <= MAX_THREADS, "{} thread states", threads.len());
             assert!(reads <= MAX_READS, "{reads} reads");
+            // A list that loops back is refused, so no thread is reported twice.
+            let distinct: std::collections::HashSet<u64> =
+                threads.iter().map(|t| t.tstate).collect();
+            assert_eq!(distinct.len(), threads.len(), "a thread state listed twice");
             // Each list is followed through `next`: a thread state is followed by its `next`,
             // unless its list ended there (`next` 0, or the walk's cap) and another
             // interpreter's list starts.
