@@ -272,41 +272,6 @@ fn names_are_cached_per_file_across_processes() {
     assert_eq!(forgotten.frames[0].function, None);
 }
 
-/// `cargo test -p profiler --lib native::tests::timing -- --ignored --nocapture`
-#[test]
-#[ignore]
-fn timing() {
-    let (regs, stack) = native_test_deep(16);
-    let mut native = Native::new();
-    let pid = std::process::id();
-    let start = Instant::now();
-    let first = native.unwind_copy(pid, regs, &stack);
-    println!(
-        "first unwind_copy: {:?} ({} frames)",
-        start.elapsed(),
-        first.frames.len()
-    );
-    for f in &first.frames {
-        let name = f.function.as_deref().unwrap_or("?");
-        println!("  {:#x} sp {:#x} {} {name}", f.ip, f.sp, f.module);
-    }
-    println!("  end: {:?}", first.end);
-    let rounds = 2000;
-    let start = Instant::now();
-    for _ in 0..rounds {
-        std::hint::black_box(native.unwind_copy(pid, regs, &stack));
-    }
-    println!(
-        "cached unwind_copy: {:?} per {}-frame stack",
-        start.elapsed() / rounds,
-        first.frames.len()
-    );
-    let mut fresh = Native::new();
-    let start = Instant::now();
-    from_ips(&mut fresh, pid, &[libc::qsort as *const () as u64]);
-    println!("loading libc.so.6 and naming qsort: {:?}", start.elapsed());
-}
-
 /// A frame-pointer walk of `ips` (stack addresses unknown), whole.
 fn from_ips(native: &mut Native, pid: u32, ips: &[u64]) -> NativeStack {
     let pairs: Vec<(u64, u64)> = ips.iter().map(|&ip| (ip, 0)).collect();
