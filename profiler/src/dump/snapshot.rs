@@ -14,10 +14,10 @@ use crate::complete::{tag_frames, ChunkCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::{Fields, ProcessMemory};
 use crate::python::objects::{frame_locals, Local};
-use crate::python::threads::{thread_fields, thread_states, ThreadFields};
+use crate::python::threads::{thread_fields, thread_states, ThreadFields, ThreadsError};
 use crate::symbolize::Symbolizer;
 
-/// Copies of one thread's stack before it is shown as "changed while read".
+/// Copies of one thread's stack (or reads of a thread list that looped back) before giving up.
 const MAX_ATTEMPTS: usize = 16;
 /// Frames shown per thread (deeper stacks are cut, and marked).
 const MAX_DUMP_FRAMES: u32 = 4096;
@@ -97,7 +97,15 @@ pub(crate) fn snapshot(
     let mem = ProcessMemory::new(proc.pid);
     let layout = &proc.layout;
     let mut reads = 0u64;
-    let tstates = thread_states(&mem, layout, proc.runtime, &mut reads)?;
+    // A list that loops back changed while it was read (a thread state freed and reused):
+    // read it again, as a moving stack is.
+    let mut attempt = 1;
+    let tstates = loop {
+        match thread_states(&mem, layout, proc.runtime, &mut reads) {
+            Err(ThreadsError::Cycle(_)) if attempt < MAX_ATTEMPTS => attempt += 1,
+            result => break result?,
+        }
+    };
     let host_tids: HashMap<u32, u32> = match proc.ns_pid {
         Some(_) => crate::procfs::host_tids(proc.pid).into_iter().collect(),
         None => HashMap::new(),
