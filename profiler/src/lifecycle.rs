@@ -298,6 +298,11 @@ impl Lifecycle {
         self.pending.values().map(Pending::due).min()
     }
 
+    /// True while `pid`'s exec retries are under way.
+    pub(crate) fn is_pending(&self, pid: u32) -> bool {
+        self.pending.contains_key(&pid)
+    }
+
     pub(crate) fn pending(&self) -> usize {
         self.pending.len()
     }
@@ -314,12 +319,14 @@ mod tests {
         l.expect(7, t0);
         let mut tries = 0;
         while l.pending() > 0 {
+            assert!(l.is_pending(7) && !l.is_pending(8));
             let at = l.next_due().unwrap();
             assert_eq!(l.due(at), vec![7]);
             l.settle(7, Attempt::NotYet);
             tries += 1;
         }
         assert_eq!(tries, EXEC_RETRY_MS.len());
+        assert!(!l.is_pending(7), "settled: the /proc scan may take it now");
         assert_eq!(l.stats.not_python, 1);
     }
 

@@ -284,7 +284,10 @@ impl Session {
         let live: rustc_hash::FxHashSet<u32> = pids.iter().copied().collect();
         self.not_python.retain(|pid, _| live.contains(pid));
         for pid in pids {
-            if self.registry.contains(pid) {
+            // An exec'd process is the lifecycle's until its retries settle: the scan taking
+            // it between two retries would save at most one retry gap, and hide that the exec
+            // path found it.
+            if self.registry.contains(pid) || self.lifecycle.is_pending(pid) {
                 continue;
             }
             if let Some(&at) = self.not_python.get(&pid) {

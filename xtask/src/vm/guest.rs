@@ -251,6 +251,14 @@ pub struct GuestArgs {
     /// Kill a row after this many seconds.
     #[arg(long, value_name = "SECS")]
     pub row_timeout: u64,
+    /// Run only these rows (empty: every row).
+    #[arg(long = "row", value_name = "ROW")]
+    pub rows: Vec<String>,
+}
+
+/// Whether `row` is among `only` (an empty filter selects every row).
+pub fn selected(row: &Row, only: &[String]) -> bool {
+    only.is_empty() || only.iter().any(|id| id == row.id)
 }
 
 fn parse_test_bin(s: &str) -> Result<(String, PathBuf), String> {
@@ -271,7 +279,7 @@ pub fn guest(args: &GuestArgs) -> Result<()> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .context("reading /proc/sys/kernel/osrelease")?;
     emit(Event::Kernel(release.trim().to_string()));
-    for row in ROWS {
+    for row in ROWS.iter().filter(|r| selected(r, &args.rows)) {
         emit(Event::Start(row.id.to_string()));
         let started = Instant::now();
         let (outcome, note) = match run_row(row, args) {

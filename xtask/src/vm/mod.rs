@@ -66,6 +66,10 @@ pub struct VmTestArgs {
     /// Give up on one row after this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub row_timeout: u64,
+    /// Run only this row (repeat for several) [default: every row]; the ids are the first
+    /// column of the summary table, e.g. `--row exit-cleanup`.
+    #[arg(long = "row", value_name = "ROW")]
+    pub rows: Vec<String>,
 }
 
 /// Where one kernel's rows run.
@@ -143,6 +147,14 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
     } else {
         args.kernels.clone()
     };
+    if let Some(unknown) = args
+        .rows
+        .iter()
+        .find(|id| !ROWS.iter().any(|r| r.id == *id))
+    {
+        let ids: Vec<&str> = ROWS.iter().map(|r| r.id).collect();
+        bail!("no row {unknown:?}\n  fix: pick from {}", ids.join(", "));
+    }
     util::step(&format!("vm-test: kernels {}", labels.join(", ")));
     if !util::is_root() {
         bail!(
@@ -187,6 +199,7 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
         pyebpf: util::target_dir().join("debug/pyebpf"),
         test_bins: test_executables()?,
         row_timeout: args.row_timeout,
+        rows: args.rows.clone(),
     };
     let out_dir = util::target_dir().join("vm-test");
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
@@ -222,7 +235,7 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
         runs.push(run);
     }
 
-    let table = summary(&runs);
+    let table = summary(&runs, &args.rows);
     eprintln!("\n{table}");
     let summary_path = out_dir.join("summary.txt");
     std::fs::write(&summary_path, &table)
@@ -325,6 +338,8 @@ struct Runner {
     pyebpf: PathBuf,
     test_bins: Vec<(String, PathBuf)>,
     row_timeout: u64,
+    /// `--row` filter (empty: every row).
+    rows: Vec<String>,
 }
 
 impl Runner {
@@ -337,6 +352,9 @@ impl Runner {
             .arg(&self.pyebpf)
             .arg("--row-timeout")
             .arg(self.row_timeout.to_string());
+        for row in &self.rows {
+            cmd.arg("--row").arg(row);
+        }
         for (name, path) in &self.test_bins {
             cmd.arg("--test-bin")
                 .arg(format!("{name}={}", path.display()));
@@ -554,7 +572,7 @@ fn show_excerpt(output: &[String]) {
 }
 
 /// One column per kernel, one line per row.
-fn summary(runs: &[KernelRun]) -> String {
+fn summary(runs: &[KernelRun], only: &[String]) -> String {
     let mut lines: Vec<Vec<String>> = Vec::new();
     lines.push(
         std::iter::once("kernel".to_string())
@@ -577,7 +595,7 @@ fn summary(runs: &[KernelRun]) -> String {
                 .unwrap_or_else(|| "-".into())
         }),
     );
-    for row in ROWS {
+    for row in ROWS.iter().filter(|r| guest::selected(r, only)) {
         push(
             row.id,
             cell(&|r| match r.rows.iter().find(|(id, ..)| id == row.id) {
