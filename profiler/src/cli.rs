@@ -64,21 +64,32 @@ pub enum Command {
             pyebpf check                      what an unprivileged user lacks"
     )]
     Check(CheckArgs),
-    /// What each thread of a running Python program is doing right now: its state and its
-    /// Python stack (py-spy's `dump`), read without stopping it.
+    /// What each thread of a running Python program is doing right now: its name, its state
+    /// and its whole Python stack (py-spy's `dump`), taken without stopping it.
     #[command(
-        long_about = "What each thread of a running Python program is doing right now: \
-            whether it is on a CPU or idle, whether it holds the GIL, and its Python frames, \
-            most recent call first, as `function (file:line)`.\n\n\
-            The target is never paused, ptraced or written to: its thread list and stacks are \
-            copied with process_vm_readv, and a stack is kept only if the thread's current \
-            frame did not move while it was copied (a thread that keeps moving is retried, then \
-            shown marked `changed while read`). Works for every supported CPython (3.11-3.15) \
-            and for processes in containers (pass the host pid). Needs CAP_SYS_PTRACE (root), \
-            and with --native also CAP_BPF and CAP_PERFMON.\n\n\
-            Thread names are the names the OS knows (/proc/PID/task/TID/comm): CPython 3.14+ \
-            sets them from threading.Thread.name (cut to 15 bytes); before 3.14 a thread is \
-            named after the program unless the program names it.",
+        long_about = "What each thread of a running Python program is doing right now: its \
+            name, whether it is on a CPU or idle, whether it holds the GIL, and its Python \
+            frames, most recent call first, as `function (file:line)`.\n\n\
+            The target is never paused, ptraced or written to. A running thread's frames change \
+            thousands of times a second, so copying them from outside races with it; instead \
+            every dump samples the target with the BPF sampler for a short window (--window, \
+            100 ms at most) and takes a running thread's stack from the sampler's copy, made in \
+            the timer interrupt while the thread stood on its CPU, completed and named as \
+            `record` does. A thread that is off CPU does not change its frames: it is copied \
+            from memory (process_vm_readv), and the copy is kept only if the thread did not run \
+            meanwhile (its context-switch counts did not move); one that ran is copied again, \
+            and if it keeps running it is taken from the interrupt. The window ends as soon as \
+            every thread has its stack. A stack that cannot be had says why, with the number of \
+            copies tried; the exit status is 1 only when no thread could be shown.\n\n\
+            Thread names are Python's: threading.Thread.name, read from the target's \
+            threading._active (no code runs in the target), so a 3.11 program's threads show \
+            as MainThread, worker-1, ... instead of all being called python3.11; threads that \
+            threading does not know keep their OS name (/proc/PID/task/TID/comm).\n\n\
+            Works for every supported CPython (3.11-3.15) and for processes in containers (pass \
+            the host pid). Needs root, or CAP_SYS_PTRACE, CAP_BPF and CAP_PERFMON; with \
+            CAP_SYS_PTRACE alone there is no sampler, and a running thread is copied from \
+            memory and kept only if its current frame and instruction did not move during the \
+            copy.",
         after_help = "Examples:\n  \
             sudo pyebpf dump -p 1234                  every thread's Python stack\n  \
             sudo pyebpf dump -p 1234 --locals         with each frame's arguments and variables\n  \
@@ -201,27 +212,34 @@ pub struct DumpArgs {
     /// The process to look at (repeat for several).
     #[arg(short = 'p', long = "pid", value_name = "PID", required = true)]
     pub pids: Vec<u32>,
-    /// Print one JSON document: {processes: [{pid, command, python_version, binary,
-    /// threads: [{tid, name, state, os_state, holds_gil, frames: [{function, file, line,
-    /// locals?}], truncated, consistent, native?}]}]}.
+    /// Print one JSON document: {window: {ms, limit_ms, sampler, setup_ms, samples, reads},
+    /// processes: [{pid, command, python_version, binary, threads: [{tid, name, name_source
+    /// (threading|os), os_name, state, os_state, holds_gil, frames: [{function, file, line,
+    /// locals?}], truncated, consistent, source (interrupt|userspace), taken_ms, attempts,
+    /// error?, native?}], tasks?}]}.
     #[arg(long)]
     pub json: bool,
     /// Show each frame's arguments and local variables. int, float, bool, None, str and bytes
     /// are shown by value (str and bytes cut at 80 characters); anything else as
     /// `<type at 0x...>`. Values are read from the target's memory: no code runs in it, so no
-    /// `__repr__` is called.
+    /// `__repr__` is called. An idle thread's variables are read with its frames; a running
+    /// thread's after its frames were taken (marked so), and not at all for a frame that
+    /// returned meanwhile.
     #[arg(long)]
     pub locals: bool,
     /// Also show the asyncio task tree (CPython 3.14+): every task, its name, the coroutine
     /// stack it is suspended in, and the tasks awaiting it, as `python -m asyncio pstree PID`
-    /// shows them, read from the task lists the interpreter publishes for debuggers. Older
-    /// versions don't publish them: their threads are shown, with a note.
+    /// shows them, read from the task lists the interpreter publishes for debuggers. The task
+    /// running on a CPU gets its stack from the sampler, like its thread. Older versions don't
+    /// publish them: their threads are shown, with a note.
     #[arg(long = "async")]
     pub asyncio: bool,
-    /// With --native: how long to sample (milliseconds) to catch running threads on a CPU.
-    #[arg(long, value_name = "MS", default_value_t = 200, requires = "native",
+    /// The longest the sampling window may last, in milliseconds. It ends as soon as every
+    /// thread has its stack (usually within a few milliseconds); a thread still running without
+    /// a sample then is copied from memory and checked by its frames.
+    #[arg(long, value_name = "MS", default_value_t = 100, alias = "native-window",
           value_parser = clap::value_parser!(u64).range(10..=10_000))]
-    pub native_window: u64,
+    pub window: u64,
     #[command(flatten)]
     pub native: NativeArgs,
 }

@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use nix::sys::uio::{process_vm_readv, RemoteIoVec};
 use nix::unistd::Pid;
 
+/// Regions per `process_vm_readv` call in [`ProcessMemory::read_batch`] (`IOV_MAX`).
+const BATCH_REGIONS: usize = 1024;
+
 /// Remote reads issued by this process (all `ProcessMemory`s), for the "reads per sample" figure.
 pub(crate) static REMOTE_READS: AtomicU64 = AtomicU64::new(0);
 
@@ -90,6 +93,58 @@ impl ProcessMemory {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Reads many small regions with as few `process_vm_readv` calls as it takes: each
+    /// region's bytes, or `None` where it could not be read whole. A call stops at the first
+    /// region it cannot read (the kernel never splits one), so the next call starts after it;
+    /// each call carries at most [`BATCH_REGIONS`] regions.
+    pub(crate) fn read_batch(
+        &self,
+        regions: &[(u64, usize)],
+    ) -> Result<Vec<Option<Vec<u8>>>, ReadError> {
+        let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(regions.len());
+        let mut next = 0;
+        while next < regions.len() {
+            let end = (next + BATCH_REGIONS).min(regions.len());
+            let batch = &regions[next..end];
+            let total: usize = batch.iter().map(|&(_, len)| len).sum();
+            let mut buf = vec![0u8; total];
+            let remote: Vec<RemoteIoVec> = batch
+                .iter()
+                .map(|&(base, len)| RemoteIoVec {
+                    base: base as usize,
+                    len,
+                })
+                .collect();
+            REMOTE_READS.fetch_add(1, Ordering::Relaxed);
+            let got = {
+                let mut local = [IoSliceMut::new(&mut buf)];
+                match process_vm_readv(Pid::from_raw(self.pid as i32), &mut local, &remote) {
+                    Ok(got) => got,
+                    Err(nix::Error::ESRCH) => return Err(ReadError::Gone { pid: self.pid }),
+                    // The first region failed: nothing was transferred.
+                    Err(_) => 0,
+                }
+            };
+            let mut at = 0;
+            let mut done = 0;
+            for &(_, len) in batch {
+                if at + len > got {
+                    break;
+                }
+                out.push(Some(buf[at..at + len].to_vec()));
+                at += len;
+                done += 1;
+            }
+            if done < batch.len() {
+                // Region `done` could not be read; the call ended there.
+                out.push(None);
+                done += 1;
+            }
+            next += done;
+        }
+        Ok(out)
     }
 
     pub(crate) fn read_u64(&self, addr: u64) -> Result<u64, ReadError> {

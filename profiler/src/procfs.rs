@@ -56,6 +56,62 @@ fn parse_stat(text: &str) -> Option<ProcStat> {
     })
 }
 
+/// When thread `tid` of `pid` started (`starttime` of its `stat`, clock ticks since boot):
+/// with the tid, it tells a thread from a later one that reuses its id.
+pub(crate) fn thread_start(pid: u32, tid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    // Field 22; fields after `comm`'s closing parenthesis start at 3 (state).
+    text.get(text.rfind(')')? + 1..)?
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+/// Whether a thread is running and how often it was switched out, from
+/// `/proc/PID/task/TID/status`: a thread that is not runnable now and was not switched since
+/// the last look has not run in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sched {
+    /// `R`, `S`, `D`, `T`, ...
+    pub state: char,
+    /// Voluntary plus involuntary context switches.
+    pub switches: u64,
+}
+
+impl Sched {
+    /// On a CPU or waiting for one.
+    pub(crate) fn runnable(&self) -> bool {
+        self.state == 'R'
+    }
+}
+
+pub(crate) fn sched(pid: u32, tid: u32) -> Option<Sched> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    parse_sched(&text)
+}
+
+fn parse_sched(status: &str) -> Option<Sched> {
+    let mut state = None;
+    let mut switches = [None, None];
+    for line in status.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key {
+            "State" => state = value.chars().next(),
+            "voluntary_ctxt_switches" => switches[0] = value.parse::<u64>().ok(),
+            "nonvoluntary_ctxt_switches" => switches[1] = value.parse::<u64>().ok(),
+            _ => {}
+        }
+    }
+    Some(Sched {
+        state: state?,
+        switches: switches[0]?.wrapping_add(switches[1]?),
+    })
+}
+
 /// The thread-group id (the process id) of task `tid`: differs from `tid` for a thread that
 /// is not its process's main thread.
 pub(crate) fn tgid(tid: u32) -> Option<u32> {
@@ -246,6 +302,25 @@ mod tests {
         assert_eq!(parse_stat("1 (x"), None);
         assert_eq!(parse_stat("1 (x) S"), None);
         assert_eq!(parse_stat(""), None);
+    }
+
+    #[test]
+    fn sched_from_status() {
+        let status = "Name:\tpython3\nState:\tS (sleeping)\nTgid:\t7\n\
+                      voluntary_ctxt_switches:\t150\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(
+            parse_sched(status),
+            Some(Sched {
+                state: 'S',
+                switches: 157
+            })
+        );
+        assert_eq!(parse_sched("State:\tR (running)\n"), None);
+        let me = std::process::id();
+        let now = sched(me, me).expect("this thread's status");
+        assert!(now.runnable(), "this thread runs: {now:?}");
+        let start = thread_start(me, me).expect("this thread's start");
+        assert_eq!(thread_start(me, me), Some(start));
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub(crate) struct PyFrame {
     pub line: u32,
     pub code_addr: u64,
     pub tag: u64,
+    /// The frame's instruction pointer when it was taken (`line` is its line).
+    pub instr: u64,
 }
 
 /// One frame of a sample's merged stack (`--native`), leaf first.
@@ -70,6 +72,10 @@ pub(crate) struct Resolved<'a> {
     /// Samples this stands for: 1 for kernel samples, the sampling periods an idle stack
     /// covers.
     pub weight: u64,
+    /// The address of each of `frames`' interpreter frames (`dump --locals` reads them).
+    pub frame_addrs: &'a [u64],
+    /// The asyncio task running when the kernel took the sample (`--async`), or 0.
+    pub running_task: u64,
 }
 
 /// Totals over a session, for summaries and headers.
@@ -112,6 +118,9 @@ pub(crate) struct Resolver {
     frame_addrs: Vec<u64>,
     /// `--async`: task chains, and the scratch of a rewrite.
     awaiters: Option<Awaiters>,
+    /// Rewrite samples that ran a task with their task chains (off: the running task is only
+    /// reported, as `dump` wants).
+    rewrite_tasks: bool,
     spliced: Vec<Mixed>,
     task_ranges: Vec<(Arc<str>, std::ops::Range<usize>)>,
     pub stats: SessionStats,
@@ -144,7 +153,7 @@ impl Resolver {
             true => self.merge_native(raw, process),
             false => false,
         };
-        if header.running_task != 0 && self.awaiters.is_some() {
+        if header.running_task != 0 && self.rewrite_tasks {
             mixed |= self.rewrite_async(header.pid, header.running_task, process, mixed);
         }
         let resolved = Resolved {
@@ -157,6 +166,8 @@ impl Resolver {
             holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0,
             idle: false,
             weight: 1,
+            frame_addrs: &self.frame_addrs,
+            running_task: header.running_task,
         };
         self.stats.samples += 1;
         self.stats.holds_gil += resolved.holds_gil as u64;
@@ -185,6 +196,8 @@ impl Resolver {
             holds_gil: false,
             idle: true,
             weight: stack.weight,
+            frame_addrs: &self.frame_addrs,
+            running_task: 0,
         })
     }
 
@@ -203,6 +216,13 @@ impl Resolver {
     /// Rewrites kernel samples taken while an asyncio task ran with `<task …>` frames and
     /// their awaiter chains from now on (see `crate::awaiters`).
     pub(crate) fn enable_async(&mut self) {
+        self.awaiters.get_or_insert_with(Awaiters::default);
+        self.rewrite_tasks = true;
+    }
+
+    /// Reports each sample's running task (`Resolved::running_task`) without rewriting the
+    /// sample (`dump --async`).
+    pub(crate) fn enable_task_capture(&mut self) {
         self.awaiters.get_or_insert_with(Awaiters::default);
     }
 
@@ -442,6 +462,7 @@ impl Resolver {
                 line,
                 code_addr: rec.code,
                 tag: rec.tag,
+                instr: rec.instr,
             });
             self.frame_addrs.push(rec.frame);
         }

@@ -128,6 +128,13 @@ impl Session {
         self.resolver.enable_async();
     }
 
+    /// Have the kernel record each sample's running asyncio task, reported as
+    /// `Resolved::running_task` with the stack left as it is (`dump --async`).
+    pub(crate) fn capture_running_tasks(&mut self) {
+        self.async_tasks = true;
+        self.resolver.enable_task_capture();
+    }
+
     /// `--async` counters.
     pub(crate) fn async_stats(&self) -> Option<AsyncStats> {
         self.resolver.async_stats()

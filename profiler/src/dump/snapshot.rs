@@ -1,26 +1,13 @@
-//! One look at every thread of a process, from outside: the thread list, each thread's OS
-//! state and GIL, and its Python frames (with `--locals`, their variables).
-//!
-//! Nothing stops the target. A thread's stack is copied in bulk (its stack chunks, as for
-//! `--idle`) and kept only if the thread's current frame did not move while it was copied;
-//! a thread that keeps moving is retried [`MAX_ATTEMPTS`] times and then shown as read, marked
-//! not consistent.
-
-use std::collections::HashMap;
+//! What `dump` shows of a process and each of its threads, and how a stack's frames are named
+//! (the same symbol cache and line tables as every sample) and given their variables.
 
 use profiler_common::{RawFrame, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_MASK, LAYOUT_GIL_RUNTIME};
 
-use crate::complete::{tag_frames, ChunkCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::{Fields, ProcessMemory};
 use crate::python::objects::{frame_locals, Local};
-use crate::python::threads::{thread_fields, thread_states, ThreadFields, ThreadsError};
+use crate::python::threads::ThreadFields;
 use crate::symbolize::Symbolizer;
-
-/// Copies of one thread's stack (or reads of a thread list that looped back) before giving up.
-const MAX_ATTEMPTS: usize = 16;
-/// Frames shown per thread (deeper stacks are cut, and marked).
-const MAX_DUMP_FRAMES: u32 = 4096;
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub(crate) struct ProcessDump {
@@ -32,12 +19,15 @@ pub(crate) struct ProcessDump {
     pub python_version: String,
     pub binary: String,
     pub threads: Vec<ThreadDump>,
+    /// Why the thread list could not be read, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// `--async`: every asyncio task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tasks: Option<Vec<super::tasks::TaskDump>>,
 }
 
-/// Whether a thread was running when it was looked at.
+/// Whether a thread was running when its stack was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ThreadState {
@@ -49,6 +39,27 @@ pub(crate) enum ThreadState {
     Gone,
 }
 
+/// Where a thread's stack came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Source {
+    /// The BPF sampler's copy, taken in the timer interrupt while the thread ran on a CPU.
+    Interrupt,
+    /// A copy from userspace (`process_vm_readv`), checked not to have moved while it was
+    /// taken.
+    Userspace,
+}
+
+/// Where a thread's name came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum NameSource {
+    /// `threading.Thread.name`, read from the target's `threading._active`.
+    Threading,
+    /// The OS's (`/proc/PID/task/TID/comm`).
+    Os,
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub(crate) struct ThreadDump {
     /// Thread id on the host (what `top -H`, `/proc` and `perf` show).
@@ -56,21 +67,37 @@ pub(crate) struct ThreadDump {
     /// The id inside the process's pid namespace, when that differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ns_tid: Option<u32>,
-    /// The thread's name as the OS knows it (`/proc/PID/task/TID/comm`).
+    /// `threading`'s name for the thread, else its OS name.
     pub name: String,
+    pub name_source: NameSource,
+    /// The OS's name (`/proc/PID/task/TID/comm`, at most 15 bytes).
+    pub os_name: String,
     pub state: ThreadState,
-    /// `/proc`'s one-letter state (`R`, `S`, `D`, ...).
+    /// `/proc`'s one-letter state (`R`, `S`, `D`, ...) when the stack was taken.
     pub os_state: String,
     /// Holds the GIL; `None` where the layout does not locate it.
     pub holds_gil: Option<bool>,
     /// Most recent call first.
     pub frames: Vec<FrameDump>,
-    /// Deeper than [`MAX_DUMP_FRAMES`]: `frames` are its top part.
+    /// Deeper than can be shown: `frames` are its top part.
     pub truncated: bool,
-    /// The stack did not stay still over [`MAX_ATTEMPTS`] copies: the frames are from one
-    /// copy, which may mix two moments.
+    /// False when no copy could be checked: `frames` are an unchecked copy, which may mix
+    /// two moments.
     pub consistent: bool,
-    /// Why the stack could not be read, if it could not.
+    /// Where `frames` came from (`None` when there are none to show).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+    /// Milliseconds after the sampling window opened that the stack was taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub taken_ms: Option<f64>,
+    /// Copies of the stack made from userspace (each checked; a thread that ran during one
+    /// is copied again).
+    pub attempts: u32,
+    /// `--locals` of a stack taken in the interrupt: how long after it the variables were
+    /// read (a frame that returned meanwhile shows none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locals_read_after_ms: Option<f64>,
+    /// Why the stack could not be had, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// `--native`: see [`super::native`].
@@ -78,7 +105,7 @@ pub(crate) struct ThreadDump {
     pub native: Option<super::native::NativeDump>,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub(crate) struct FrameDump {
     pub function: String,
     pub file: String,
@@ -86,115 +113,13 @@ pub(crate) struct FrameDump {
     /// `--locals`: the frame's bound variables, arguments first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub locals: Option<Vec<Local>>,
+    /// `--locals`: why there are none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locals_unavailable: Option<String>,
 }
 
-/// Looks at every thread of `proc` once.
-pub(crate) fn snapshot(
-    proc: &PythonProcess,
-    symbols: &mut Symbolizer,
-    locals: bool,
-) -> anyhow::Result<ProcessDump> {
-    let mem = ProcessMemory::new(proc.pid);
-    let layout = &proc.layout;
-    let mut reads = 0u64;
-    // A list that loops back changed while it was read (a thread state freed and reused):
-    // read it again, as a moving stack is.
-    let mut attempt = 1;
-    let tstates = loop {
-        match thread_states(&mem, layout, proc.runtime, &mut reads) {
-            Err(ThreadsError::Cycle(_)) if attempt < MAX_ATTEMPTS => attempt += 1,
-            result => break result?,
-        }
-    };
-    let host_tids: HashMap<u32, u32> = match proc.ns_pid {
-        Some(_) => crate::procfs::host_tids(proc.pid).into_iter().collect(),
-        None => HashMap::new(),
-    };
-    let mut threads = Vec::with_capacity(tstates.len());
-    for (tstate, fields) in tstates {
-        let native_id = fields.native_id as u32;
-        let tid = match proc.ns_pid {
-            Some(_) => host_tids.get(&native_id).copied().unwrap_or(native_id),
-            None => native_id,
-        };
-        let stat = crate::procfs::stat(tid).ok();
-        let state = match stat.as_ref().map(|s| s.state) {
-            None => ThreadState::Gone,
-            Some('R') => ThreadState::Running,
-            Some(_) => ThreadState::Idle,
-        };
-        let name = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", proc.pid))
-            .map(|n| n.trim_end().to_string())
-            .unwrap_or_default();
-        let mut thread = ThreadDump {
-            tid,
-            ns_tid: proc.ns_pid.map(|_| native_id),
-            name,
-            state,
-            os_state: stat.map(|s| s.state.to_string()).unwrap_or_default(),
-            holds_gil: holds_gil(&mem, proc, tstate, &fields),
-            frames: Vec::new(),
-            truncated: false,
-            consistent: true,
-            error: None,
-            native: None,
-        };
-        match stack(&mem, proc, tstate, fields, &mut reads) {
-            Ok((records, truncated, consistent)) => {
-                thread.truncated = truncated;
-                thread.consistent = consistent;
-                thread.frames = records
-                    .iter()
-                    .map(|rec| frame(&mem, proc, symbols, rec, locals))
-                    .collect();
-            }
-            Err(e) => thread.error = Some(e.to_string()),
-        }
-        threads.push(thread);
-    }
-    threads.sort_by_key(|t| t.tid);
-    Ok(ProcessDump {
-        pid: proc.pid,
-        ns_pid: proc.ns_pid,
-        command: proc.command.clone(),
-        python_version: proc.layout.version.to_string(),
-        binary: proc.binary.clone(),
-        threads,
-        tasks: None,
-    })
-}
-
-/// The thread's frames, leaf first and tagged; whether they were cut, and whether the copy was
-/// consistent.
-fn stack(
-    mem: &ProcessMemory,
-    proc: &PythonProcess,
-    tstate: u64,
-    mut fields: ThreadFields,
-    reads: &mut u64,
-) -> Result<(Vec<RawFrame>, bool, bool), StackError> {
-    let layout = &proc.layout;
-    let mut last = None;
-    for _ in 0..MAX_ATTEMPTS {
-        if fields.frame == 0 {
-            return Ok((Vec::new(), false, true));
-        }
-        let copy = ChunkCopy::read(mem, layout, fields.datastack_chunk, reads)?;
-        let walked = copy.walk(mem, layout, fields.frame, MAX_DUMP_FRAMES, reads)?;
-        let after = thread_fields(mem, layout, tstate, reads)?;
-        let still = after.frame == fields.frame && after.datastack_chunk == fields.datastack_chunk;
-        let mut frames = walked.frames;
-        tag_frames(mem, layout, &mut frames, reads)?;
-        if still {
-            return Ok((frames, !walked.complete, true));
-        }
-        last = Some((frames, !walked.complete));
-        fields = after;
-    }
-    let (frames, truncated) = last.unwrap_or_default();
-    Ok((frames, truncated, false))
-}
-
+/// A frame named from its code object and instruction pointer; with `locals`, its variables
+/// read now.
 pub(super) fn frame(
     mem: &ProcessMemory,
     proc: &PythonProcess,
@@ -212,26 +137,36 @@ pub(super) fn frame(
         ),
         None => (format!("<code at {:#x}>", rec.code), "?".into(), 0),
     };
-    let locals = locals.then(|| {
-        frame_locals(mem, layout, rec.frame, rec.code).unwrap_or_else(|e| {
-            vec![Local {
-                name: "<unreadable>".into(),
-                value: format!("{e:#}"),
-                arg: false,
-            }]
-        })
-    });
+    let locals = locals.then(|| read_locals(mem, proc, rec.frame, rec.code));
     FrameDump {
         function,
         file,
         line,
         locals,
+        locals_unavailable: None,
     }
+}
+
+/// The variables of the frame at `frame` running `code`, or one `<unreadable>` entry saying
+/// why.
+pub(super) fn read_locals(
+    mem: &ProcessMemory,
+    proc: &PythonProcess,
+    frame: u64,
+    code: u64,
+) -> Vec<Local> {
+    frame_locals(mem, &proc.layout, frame, code).unwrap_or_else(|e| {
+        vec![Local {
+            name: "<unreadable>".into(),
+            value: format!("{e:#}"),
+            arg: false,
+        }]
+    })
 }
 
 /// Whether the GIL is taken and its last holder is `tstate`; `None` where the layout does not
 /// say where the GIL is.
-fn holds_gil(
+pub(super) fn holds_gil(
     mem: &ProcessMemory,
     proc: &PythonProcess,
     tstate: u64,

@@ -2,16 +2,26 @@
 //! `python -m asyncio pstree PID` shows: every task, its name, its coroutine stack and the
 //! tasks that await it. Read from the target's task lists with the offsets of its
 //! `.AsyncioDebug` section (`python::asyncio`); bounded and safe against cycles there.
+//!
+//! Task stacks take the path thread stacks take (`window`). The task a thread was running when
+//! the sampler caught it on a CPU gets its coroutine stack from that sample: the sample's
+//! frames down to the task's coroutine frame. A suspended task changes only when its event
+//! loop resumes it, so it is copied from userspace and kept if a second copy of its coroutine
+//! chain (each coroutine's frame, code and instruction) agrees; one that moved is copied again,
+//! at most [`MAX_ATTEMPTS`] times.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
+use profiler_common::RawFrame;
+
+use super::snapshot::{frame, FrameDump, Source};
+use super::userspace::frames_still_there;
+use super::window::{Sampled, MAX_ATTEMPTS};
 use crate::discovery::PythonProcess;
 use crate::memory::ProcessMemory;
-use crate::python::asyncio::{all_tasks, locate, read_task, AsyncError};
+use crate::python::asyncio::{all_tasks, coro_chain, locate, read_task, AsyncError, TaskInfo};
 use crate::symbolize::Symbolizer;
-
-use super::snapshot::{frame, FrameDump};
 
 /// Nesting shown in the text tree (deeper tasks are listed flat at this depth).
 const MAX_TREE_DEPTH: usize = 64;
@@ -23,49 +33,198 @@ pub(crate) struct TaskDump {
     pub name: String,
     /// The ids of the tasks awaiting this one; empty for a root task.
     pub awaited_by: Vec<String>,
-    /// The coroutine chain the task is suspended in, most recent first.
+    /// The coroutine chain the task is suspended (or running) in, most recent first.
     pub coroutine_stack: Vec<FrameDump>,
     /// The chain was cut (too deep, or a cycle).
     pub truncated: bool,
+    /// Where the coroutine stack came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+    /// False when no two copies agreed: the stack is the last copy, unchecked.
+    pub consistent: bool,
+    /// Copies of the task made from userspace.
+    pub attempts: u32,
     /// Why the task could not be read, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
-/// Every task of `proc`, or why there are none to show.
-pub(crate) fn tasks(
+/// (frame, code, instruction) of each frame: what two copies of a chain must agree on.
+fn shape(frames: &[RawFrame]) -> Vec<(u64, u64, u64)> {
+    frames.iter().map(|f| (f.frame, f.code, f.instr)).collect()
+}
+
+/// One task as read.
+struct Read {
+    info: TaskInfo,
+    checked: bool,
+    attempts: u32,
+    /// `--locals` of a checked copy, read between its two copies.
+    locals: Option<Vec<Vec<crate::python::objects::Local>>>,
+}
+
+/// Every task of `proc`, or why there are none to show. `samples`: the samples the window
+/// took of `proc`'s threads (their running tasks come from them).
+pub(super) fn tasks(
     proc: &PythonProcess,
     symbols: &mut Symbolizer,
     locals: bool,
+    samples: &[&Sampled],
 ) -> Result<Vec<TaskDump>, AsyncError> {
     let (layout_a, _found) = locate(proc)?;
     let mem = ProcessMemory::new(proc.pid);
-    let addrs = all_tasks(&mem, proc, &layout_a)?;
-    let mut out = Vec::with_capacity(addrs.len());
-    for addr in addrs {
+    let layout = &proc.layout;
+    let mut order: Vec<u64> = Vec::new();
+    let mut reads: HashMap<u64, Read> = HashMap::new();
+    let mut errors: HashMap<u64, String> = HashMap::new();
+    let mut list_error = None;
+    let mut latest: Vec<u64> = Vec::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let addrs = match all_tasks(&mem, proc, &layout_a) {
+            Ok(a) => a,
+            Err(e) if e.is_gone() => return Err(e),
+            Err(e) => {
+                // A list being changed under the walk: read it again.
+                list_error = Some(e);
+                continue;
+            }
+        };
+        list_error = None;
+        latest.clone_from(&addrs);
+        for addr in addrs {
+            if reads.get(&addr).is_some_and(|r| r.checked) {
+                continue;
+            }
+            if !order.contains(&addr) {
+                order.push(addr);
+            }
+            let attempts = reads.get(&addr).map_or(0, |r| r.attempts) + 1;
+            match read_task(&mem, layout, &layout_a, addr) {
+                Ok(info) => {
+                    errors.remove(&addr);
+                    let values = locals.then(|| {
+                        info.coro_frames
+                            .iter()
+                            .map(|f| super::snapshot::read_locals(&mem, proc, f.frame, f.code))
+                            .collect()
+                    });
+                    let again = coro_chain(&mem, layout, &layout_a, info.coro).ok();
+                    let checked =
+                        again.is_some_and(|(frames, _)| shape(&frames) == shape(&info.coro_frames));
+                    reads.insert(
+                        addr,
+                        Read {
+                            info,
+                            checked,
+                            attempts,
+                            locals: values,
+                        },
+                    );
+                }
+                Err(e) => {
+                    errors.insert(addr, e.to_string());
+                    if let Some(r) = reads.get_mut(&addr) {
+                        r.attempts = attempts;
+                    }
+                }
+            }
+        }
+        if order
+            .iter()
+            .all(|a| reads.get(a).is_some_and(|r| r.checked))
+        {
+            break;
+        }
+    }
+    if let (Some(e), true) = (list_error, order.is_empty()) {
+        return Err(e);
+    }
+    let mut out = Vec::with_capacity(order.len());
+    for addr in order {
         let id = format!("{addr:#x}");
-        match read_task(&mem, &proc.layout, &layout_a, addr) {
-            Ok(task) => out.push(TaskDump {
-                id,
-                name: task.name,
-                awaited_by: task.awaited_by.iter().map(|a| format!("{a:#x}")).collect(),
-                coroutine_stack: task
-                    .coro_frames
-                    .iter()
-                    .map(|rec| frame(&mem, proc, symbols, rec, locals))
-                    .collect(),
-                truncated: task.coro_truncated,
-                error: None,
-            }),
-            Err(e) => out.push(TaskDump {
+        let Some(read) = reads.get(&addr) else {
+            if !latest.contains(&addr) {
+                // Never read, and gone from the lists since: it finished.
+                continue;
+            }
+            out.push(TaskDump {
                 id,
                 name: String::new(),
                 awaited_by: Vec::new(),
                 coroutine_stack: Vec::new(),
                 truncated: false,
-                error: Some(e.to_string()),
-            }),
+                source: None,
+                consistent: false,
+                attempts: MAX_ATTEMPTS,
+                error: errors.remove(&addr),
+            });
+            continue;
+        };
+        let info = &read.info;
+        let mut task = TaskDump {
+            id,
+            name: info.name.clone(),
+            awaited_by: info.awaited_by.iter().map(|a| format!("{a:#x}")).collect(),
+            coroutine_stack: Vec::new(),
+            truncated: info.coro_truncated,
+            source: Some(Source::Userspace),
+            consistent: read.checked,
+            attempts: read.attempts,
+            error: None,
+        };
+        // The task a thread was running when it was sampled: its stack from the interrupt.
+        let coro_frame = layout_a.coro_frame(info.coro);
+        let sampled = samples.iter().find_map(|s| {
+            (s.running_task == addr)
+                .then(|| {
+                    s.frames
+                        .iter()
+                        .position(|f| f.frame == coro_frame)
+                        .map(|k| (s, k))
+                })
+                .flatten()
+        });
+        match sampled {
+            Some((s, k)) => {
+                let frames = &s.frames[..=k];
+                let valid = match locals {
+                    true => frames_still_there(
+                        &mem,
+                        proc,
+                        &frames
+                            .iter()
+                            .map(|f| (f.frame, f.code, f.instr))
+                            .collect::<Vec<_>>(),
+                    ),
+                    false => Vec::new(),
+                };
+                task.coroutine_stack = frames
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| {
+                        super::assemble::sampled_frame(&mem, proc, f, locals, valid.get(i).copied())
+                    })
+                    .collect();
+                task.truncated = false;
+                task.source = Some(Source::Interrupt);
+                task.consistent = true;
+            }
+            None => {
+                task.coroutine_stack = info
+                    .coro_frames
+                    .iter()
+                    .enumerate()
+                    .map(|(i, rec)| {
+                        let mut f = frame(&mem, proc, symbols, rec, false);
+                        if let Some(values) = &read.locals {
+                            f.locals = values.get(i).cloned();
+                        }
+                        f
+                    })
+                    .collect();
+            }
         }
+        out.push(task);
     }
     Ok(out)
 }
@@ -108,6 +267,13 @@ fn node<'a>(
         return;
     }
     let _ = writeln!(out, "{pad}(T) {} ({})", task.name, task.id);
+    if !task.consistent && task.error.is_none() {
+        let _ = writeln!(
+            out,
+            "{pad}    (changed while read in {} copies: this stack may mix two moments)",
+            task.attempts
+        );
+    }
     if let Some(e) = &task.error {
         let _ = writeln!(out, "{pad}    <unreadable: {e}>");
     }
@@ -136,8 +302,12 @@ mod tests {
                 file: "app.py".into(),
                 line: 3,
                 locals: None,
+                locals_unavailable: None,
             }],
             truncated: false,
+            source: Some(Source::Userspace),
+            consistent: true,
+            attempts: 1,
             error: None,
         }
     }

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::native::NativeDump;
-use super::snapshot::{ProcessDump, ThreadDump, ThreadState};
+use super::snapshot::{NameSource, ProcessDump, ThreadDump, ThreadState};
 
 pub(super) fn render(dumps: &[ProcessDump]) -> String {
     let mut out = String::new();
@@ -40,17 +40,40 @@ fn thread(out: &mut String, t: &ThreadDump) {
         Some(true) => ", holds the GIL",
         _ => "",
     };
-    let _ = writeln!(out, "Thread {} \"{}\": {state}{gil}", t.tid, t.name);
+    let os_name = match t.name_source {
+        NameSource::Threading if t.os_name != t.name && !t.os_name.is_empty() => {
+            format!(" ({})", t.os_name)
+        }
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "Thread {} \"{}\"{os_name}: {state}{gil}",
+        t.tid, t.name
+    );
     if !t.consistent {
-        out.push_str("    (changed while read: these frames may mix two moments)\n");
+        let _ = writeln!(
+            out,
+            "    (changed while read, in each of {} copies: these frames may mix two moments)",
+            t.attempts
+        );
+    }
+    if let Some(ms) = t.locals_read_after_ms {
+        let _ = writeln!(
+            out,
+            "    (variables read {ms} ms after these frames were taken)"
+        );
     }
     if let Some(e) = &t.error {
-        let _ = writeln!(out, "    <stack unreadable: {e}>");
-    } else if t.frames.is_empty() {
+        let _ = writeln!(out, "    <stack unavailable: {e}>");
+    } else if t.frames.is_empty() && t.state != ThreadState::Gone {
         out.push_str("    <no Python frames>\n");
     }
     for f in &t.frames {
         let _ = writeln!(out, "    {} ({}:{})", f.function, f.file, f.line);
+        if let Some(why) = &f.locals_unavailable {
+            let _ = writeln!(out, "        <no variables: {why}>");
+        }
         let Some(locals) = &f.locals else { continue };
         for (title, args) in [("Arguments:", true), ("Locals:", false)] {
             let mut these = locals.iter().filter(|l| l.arg == args).peekable();
@@ -71,11 +94,8 @@ fn thread(out: &mut String, t: &ThreadDump) {
         Some(NativeDump::Unavailable(why)) => {
             let _ = writeln!(out, "    native: unavailable: {why}");
         }
-        Some(NativeDump::Sampled { ms_before, frames }) => {
-            let _ = writeln!(
-                out,
-                "    native (sampled on a CPU {ms_before} ms before the frames above):"
-            );
+        Some(NativeDump::Sampled { frames }) => {
+            out.push_str("    native (the same sample as the frames above):\n");
             for f in frames {
                 let _ = match (&f.file, f.line) {
                     (Some(file), Some(line)) => {
@@ -101,6 +121,7 @@ mod tests {
             file: "app.py".into(),
             line,
             locals,
+            locals_unavailable: None,
         }
     }
 
@@ -121,6 +142,8 @@ mod tests {
                 tid: 11,
                 ns_tid: None,
                 name: "worker".into(),
+                name_source: NameSource::Threading,
+                os_name: "python3.12".into(),
                 state: ThreadState::Running,
                 os_state: "R".into(),
                 holds_gil: Some(true),
@@ -134,9 +157,14 @@ mod tests {
                 ],
                 truncated: false,
                 consistent: false,
+                source: Some(crate::dump::snapshot::Source::Userspace),
+                taken_ms: Some(1.5),
+                attempts: 16,
+                locals_read_after_ms: None,
                 error: None,
                 native: Some(NativeDump::Unavailable("off-CPU".into())),
             }],
+            error: None,
             tasks: None,
         };
         assert_eq!(
@@ -144,8 +172,8 @@ mod tests {
             "Process 10: python3 app.py\n\
              Python v3.12.1 (/usr/bin/python3.12)\n\
              \n\
-             Thread 11 \"worker\": on CPU, holds the GIL\n    \
-             (changed while read: these frames may mix two moments)\n    \
+             Thread 11 \"worker\" (python3.12): on CPU, holds the GIL\n    \
+             (changed while read, in each of 16 copies: these frames may mix two moments)\n    \
              spin (app.py:5)\n        \
              Arguments:\n            \
              n: 3\n        \

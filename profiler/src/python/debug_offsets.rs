@@ -13,10 +13,13 @@
 use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, CoroutineLayout, LayoutSource, ObjectLayout, PyLayout,
-    PyVersion, ThreadLayout, UnicodeLayout,
+    AttrLayout, BytesLayout, ChunkLayout, CodeLayout, CoroutineLayout, DictLayout, LayoutSource,
+    ObjectLayout, PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
 };
-use super::tables::{code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, STACK_CHUNK};
+use super::tables::{
+    code_tag_offset, CHUNK_DATA, CHUNK_PREVIOUS, CHUNK_SIZE, DICT_311, MANAGED_DICT,
+    MANAGED_DICT_FLAG, STACK_CHUNK, TYPE_BASICSIZE, TYPE_DICTOFFSET, TYPE_FLAGS,
+};
 
 /// The first eight bytes of `_PyRuntime` in CPython ≥ 3.13.
 pub const COOKIE: &[u8; 8] = b"xdebugpy";
@@ -74,6 +77,13 @@ struct Facts {
     suspended_yield_from: i8,
     /// See [`CoroutineLayout::yield_from_slot`].
     yield_from_slot: u8,
+    /// Dict internals the struct lacks (`PyDictKeysObject`, `PyDictValues`); its
+    /// `dict_object.ma_keys` and `.ma_values` replace the ones here.
+    dict: DictLayout,
+    /// Attribute storage; the struct's `interpreter_state.imports_modules`,
+    /// `type_object.tp_flags` and, where it has them (3.15), `type_object.tp_basicsize`,
+    /// `.tp_dictoffset` and `heap_type_object.ht_cached_keys` replace the ones here.
+    attrs: AttrLayout,
 }
 
 /// One known `_Py_DebugOffsets` shape.
@@ -376,6 +386,30 @@ macro_rules! sections_315 {
 const SECTIONS_315_PRE_B4: &[Section] = sections_315!(THREAD_STATE_315_PRE_B4);
 const SECTIONS_315: &[Section] = sections_315!(THREAD_STATE_315);
 
+/// 3.13 gave `PyDictValues` a header { capacity; size; embedded; valid } before `values[]`.
+const DICT_3_13: DictLayout = DictLayout {
+    values_items: 8,
+    ..DICT_311
+};
+/// 3.13 to 3.15 (GIL builds): attribute values inline after the object
+/// (`Py_TPFLAGS_INLINE_VALUES`, `1 << 2`; `PyDictValues.valid` at 3), the managed dict at -24;
+/// `ht_cached_keys` at 880 (`PyTypeObject` is 416 bytes as in 3.12). `PyModuleObject.md_dict`
+/// follows the object header.
+const ATTRS_313: AttrLayout = AttrLayout {
+    interp_modules: 0,
+    module_dict: 16,
+    type_flags: TYPE_FLAGS,
+    type_basicsize: TYPE_BASICSIZE,
+    type_dictoffset: TYPE_DICTOFFSET,
+    heap_type_cached_keys: 880,
+    managed_dict_flag: MANAGED_DICT_FLAG,
+    managed_dict: MANAGED_DICT,
+    values_pointer: 0,
+    dict_tags_values: false,
+    inline_values_flag: 1 << 2,
+    values_valid: 3,
+};
+
 /// `enum _frameowner` of 3.13: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, CSTACK=3 (the entry frame
 /// of each `_PyEval_EvalFrameDefault`, `f_executable` = `None`).
 const FACTS_313: Facts = Facts {
@@ -390,6 +424,8 @@ const FACTS_313: Facts = Facts {
     cell_ref: 16,
     suspended_yield_from: -1,
     yield_from_slot: 1,
+    dict: DICT_3_13,
+    attrs: ATTRS_313,
 };
 /// 3.14: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, INTERPRETER=3 (entry frames), CSTACK=4.
 /// `f_executable` is a `_PyStackRef`: `Py_TAG_BITS` = 3 (`Py_TAG_REFCNT` = 1, `Py_INT_TAG` = 3).
@@ -740,7 +776,34 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
             cell_ref: facts.cell_ref,
         },
         coroutines: coroutines(v, facts),
+        dict: DictLayout {
+            ma_keys: v.offset("dict_object", "ma_keys")?,
+            ma_values: v.offset("dict_object", "ma_values")?,
+            ..facts.dict
+        },
+        attrs: attrs(v, facts),
     })
+}
+
+/// Attribute storage: the struct's offsets where it has them, the minor's facts elsewhere.
+/// A struct without `sys.modules` gives `interp_modules` 0: no thread names, sampling as usual.
+fn attrs(v: &Values, facts: &Facts) -> AttrLayout {
+    let or = |section, field, fact: u16| match v.get(section, field) {
+        Ok(_) => v.offset(section, field).unwrap_or(0),
+        Err(_) => fact,
+    };
+    AttrLayout {
+        interp_modules: or("interpreter_state", "imports_modules", 0),
+        type_flags: or("type_object", "tp_flags", facts.attrs.type_flags),
+        type_basicsize: or("type_object", "tp_basicsize", facts.attrs.type_basicsize),
+        type_dictoffset: or("type_object", "tp_dictoffset", facts.attrs.type_dictoffset),
+        heap_type_cached_keys: or(
+            "heap_type_object",
+            "ht_cached_keys",
+            facts.attrs.heap_type_cached_keys,
+        ),
+        ..facts.attrs
+    }
 }
 
 /// The async view's fields, when this version's struct has them all and they fit their

@@ -155,6 +155,61 @@ pub struct CoroutineLayout {
     pub long_digit: u16,
 }
 
+/// `PyDictObject` and its keys and values, as the thread-name reader walks them
+/// (`sys.modules`, a module's dict, `threading._active`, an instance's attributes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DictLayout {
+    /// `PyDictObject.ma_keys` and `.ma_values` (non-NULL: a split table, values kept apart).
+    pub ma_keys: u16,
+    pub ma_values: u16,
+    /// `PyDictKeysObject.dk_log2_size`, `.dk_log2_index_bytes` and `.dk_kind` (`uint8_t`s;
+    /// kind 0 is `DICT_KEYS_GENERAL`, whose entries carry their hash).
+    pub keys_log2_size: u16,
+    pub keys_log2_index_bytes: u16,
+    pub keys_kind: u16,
+    /// `.dk_nentries` (entries in use, deleted ones included) and `.dk_indices` (the hash
+    /// index, `1 << dk_log2_index_bytes` bytes; the entries follow it).
+    pub keys_nentries: u16,
+    pub keys_indices: u16,
+    /// `PyDictValues.values`: where a split table's values start.
+    pub values_items: u16,
+}
+
+/// Where a Python object keeps its instance attributes, and where a module keeps its globals:
+/// what reading `threading.Thread` names out of `threading._active` needs. Each way CPython
+/// has stored attributes is a value here: a values array behind a pointer before the object
+/// (3.11), that pointer tagged in the managed dict's slot (3.12), values inline after the
+/// object (3.13+), or a plain dict (always possible: the fallback of the others).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttrLayout {
+    /// `PyInterpreterState.imports.modules`: `sys.modules`.
+    pub interp_modules: u16,
+    /// `PyModuleObject.md_dict`.
+    pub module_dict: u16,
+    /// `PyTypeObject.tp_flags` (an `unsigned long`), `.tp_basicsize` and `.tp_dictoffset`.
+    pub type_flags: u16,
+    pub type_basicsize: u16,
+    pub type_dictoffset: u16,
+    /// `PyHeapTypeObject.ht_cached_keys`: the keys the type's instances share (split tables).
+    pub heap_type_cached_keys: u16,
+    /// `Py_TPFLAGS_MANAGED_DICT`: the instance dict pointer is at [`AttrLayout::managed_dict`]
+    /// from the object. 0 where instance dicts are at `tp_dictoffset`.
+    pub managed_dict_flag: u64,
+    /// Offset (negative: the pre-header) of the managed dict pointer from the object.
+    pub managed_dict: i16,
+    /// Offset of a `PyDictValues *` from the object (3.11: the word before the managed dict);
+    /// 0 where there is none.
+    pub values_pointer: i16,
+    /// The managed dict slot holds either a dict or, with its low bit set, a `PyDictValues *`
+    /// plus one (3.12).
+    pub dict_tags_values: bool,
+    /// `Py_TPFLAGS_INLINE_VALUES`: the values follow the object at `tp_basicsize` (3.13+);
+    /// 0 where no type has that flag.
+    pub inline_values_flag: u64,
+    /// `PyDictValues.valid` (a `uint8_t`), with inline values: 0 once a dict took them over.
+    pub values_valid: u16,
+}
+
 /// Where a [`PyLayout`] came from: shown by `pyebpf check`, so that a wrong layout can be
 /// traced to its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -199,4 +254,7 @@ pub struct PyLayout {
     pub objects: ObjectLayout,
     /// What the async view reads; `None` where the layout does not say (before 3.14).
     pub coroutines: Option<CoroutineLayout>,
+    /// Dicts, modules and instance attributes (thread names from `threading`).
+    pub dict: DictLayout,
+    pub attrs: AttrLayout,
 }

@@ -11,8 +11,8 @@ use profiler_common::{
 };
 
 use super::layout::{
-    BytesLayout, ChunkLayout, CodeLayout, LayoutSource, ObjectLayout, PyLayout, PyVersion,
-    ThreadLayout, UnicodeLayout,
+    AttrLayout, BytesLayout, ChunkLayout, CodeLayout, DictLayout, LayoutSource, ObjectLayout,
+    PyLayout, PyVersion, ThreadLayout, UnicodeLayout,
 };
 
 /// `_PyInterpreterFrame.owner` values (`enum _frameowner`) for 3.11: THREAD=0, GENERATOR=1,
@@ -77,6 +77,61 @@ const OBJECTS_312: ObjectLayout = ObjectLayout {
     code_argcount: 52,
     long_tagged: true,
     ..OBJECTS_311
+};
+
+/// `PyDictObject` { PyObject_HEAD; ma_used; ma_version_tag; ma_keys (32); ma_values (40) } and
+/// `PyDictKeysObject` { dk_refcnt; dk_log2_size (8); dk_log2_index_bytes (9); dk_kind (10);
+/// dk_version (12); dk_usable (16); dk_nentries (24); dk_indices (32) }, the same in 3.11 and
+/// 3.12 (and, in GIL builds, 3.13 to 3.15: `debug_offsets` uses these keys offsets too).
+/// `PyDictValues` is { PyObject *values[] } before 3.13.
+pub(crate) const DICT_311: DictLayout = DictLayout {
+    ma_keys: 32,
+    ma_values: 40,
+    keys_log2_size: 8,
+    keys_log2_index_bytes: 9,
+    keys_kind: 10,
+    keys_nentries: 24,
+    keys_indices: 32,
+    values_items: 0,
+};
+
+/// `PyTypeObject`: tp_basicsize (32), tp_flags (168), tp_dictoffset (288), in every GIL build
+/// of 3.11 to 3.15. `Py_TPFLAGS_MANAGED_DICT` is `1 << 4` from 3.11 on.
+pub(crate) const TYPE_BASICSIZE: u16 = 32;
+pub(crate) const TYPE_FLAGS: u16 = 168;
+pub(crate) const TYPE_DICTOFFSET: u16 = 288;
+pub(crate) const MANAGED_DICT_FLAG: u64 = 1 << 4;
+/// `MANAGED_DICT_OFFSET`: `-3 * sizeof(PyObject *)` in GIL builds (3.11 to 3.15).
+pub(crate) const MANAGED_DICT: i16 = -24;
+
+/// Attributes as 3.11 keeps them: `_PyObject_ValuesPointer` is the word at -32 (a
+/// `PyDictValues *`, NULL once a dict took over), `_PyObject_ManagedDictPointer` the one at
+/// -24. `PyHeapTypeObject.ht_cached_keys` follows `PyTypeObject` (408 bytes) and the five
+/// method suites and three pointers (464 bytes): 872. `sys.modules` is
+/// `PyInterpreterState.modules` (888).
+const ATTRS_311: AttrLayout = AttrLayout {
+    interp_modules: 888,
+    module_dict: 16,
+    type_flags: TYPE_FLAGS,
+    type_basicsize: TYPE_BASICSIZE,
+    type_dictoffset: TYPE_DICTOFFSET,
+    heap_type_cached_keys: 872,
+    managed_dict_flag: MANAGED_DICT_FLAG,
+    managed_dict: MANAGED_DICT,
+    values_pointer: -32,
+    dict_tags_values: false,
+    inline_values_flag: 0,
+    values_valid: 0,
+};
+/// 3.12: one slot at -24 holds the dict or, tagged with its low bit, the values
+/// (`PyDictOrValues`); `PyTypeObject` grew `tp_watched` (416 bytes): `ht_cached_keys` at 880.
+/// `sys.modules` is `PyInterpreterState.imports.modules` (944).
+const ATTRS_312: AttrLayout = AttrLayout {
+    interp_modules: 944,
+    heap_type_cached_keys: 880,
+    values_pointer: 0,
+    dict_tags_values: true,
+    ..ATTRS_311
 };
 
 pub fn builtin(version: PyVersion) -> Option<PyLayout> {
@@ -178,6 +233,8 @@ fn layout_311(version: PyVersion) -> PyLayout {
         frame_localsplus: 72,
         objects: OBJECTS_311,
         coroutines: None,
+        dict: DICT_311,
+        attrs: ATTRS_311,
     }
 }
 
@@ -270,6 +327,8 @@ fn layout_312(version: PyVersion) -> PyLayout {
         frame_localsplus: 72,
         objects: OBJECTS_312,
         coroutines: None,
+        dict: DICT_311,
+        attrs: ATTRS_312,
     }
 }
 
