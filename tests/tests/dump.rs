@@ -535,3 +535,256 @@ fn dump_a_process_in_a_container() {
     assert_eq!(sleeper["name"], "sleeper");
     assert_eq!(sleeper["frames"][0]["function"], "nap", "{sleeper}");
 }
+
+/// The progress counter `dump_busy.py` keeps in its mapped file (0 before it starts).
+fn progress(path: &std::path::Path) -> u64 {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?)))
+        .unwrap_or(0)
+}
+
+/// The host path of a file the workload under `interp` writes at `inside` (its chroot's for
+/// the sid interpreters).
+fn host_path(interp: &tests::Interpreter, inside: &std::path::Path) -> std::path::PathBuf {
+    match &interp.root {
+        Some(root) => root.join(inside.strip_prefix("/").unwrap()),
+        None => inside.to_path_buf(),
+    }
+}
+
+/// Median and maximum.
+fn median_max(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len();
+    match n {
+        0 => (0.0, 0.0),
+        _ => (values[n / 2], values[n - 1]),
+    }
+}
+
+/// A CPU-bound process whose stack changes depth and functions tens of thousands of times a
+/// second (alternating recursion 5–40 deep), one per interpreter, all running at once: 50
+/// dumps of all of them. Every dump must show each main thread's whole stack: rooted at
+/// `<module>`, checked (not "changed while read"), every frame a function the workload has at a
+/// line it can be on, each called by a function that calls it. The targets keep running: their
+/// progress counters advance across every dump and no thread is ever seen stopped. Prints how
+/// many stacks came from the interrupt and how many from userspace.
+#[test]
+fn dump_a_cpu_bound_process_whole_every_time() {
+    const DUMPS: usize = 50;
+    let interps = interpreters_logged();
+    let lines = marker_lines("dump_busy.py");
+    // function → the lines it can be on.
+    let mut allowed: HashMap<String, std::collections::HashSet<u64>> = HashMap::new();
+    for (marker, &line) in &lines {
+        let function = marker.split('_').next().unwrap();
+        let function = match function {
+            "module" => "<module>",
+            f => f,
+        };
+        allowed
+            .entry(function.to_string())
+            .or_default()
+            .insert(line as u64);
+    }
+    // callee → its callers.
+    let callers: HashMap<&str, &[&str]> = HashMap::from([
+        ("leaf", &["red", "green", "blue"][..]),
+        ("red", &["blue", "<module>"][..]),
+        ("green", &["red"][..]),
+        ("blue", &["green"][..]),
+    ]);
+    let mut targets = Vec::new();
+    for interp in &interps {
+        let inside = temp_path("dump-busy-progress", "bin");
+        let host = host_path(interp, &inside);
+        let workload = Workload::start(interp, "dump_busy.py", &[inside.to_str().unwrap()]);
+        targets.push((interp, workload, host));
+    }
+    let pids: Vec<String> = targets.iter().map(|t| t.1.pid().to_string()).collect();
+    let done = Arc::new(AtomicBool::new(false));
+    let watchers: Vec<_> = targets
+        .iter()
+        .map(|t| watch_for_stops(t.1.pid(), done.clone()))
+        .collect();
+    let mut args: Vec<&str> = pids.iter().flat_map(|p| ["-p", p.as_str()]).collect();
+    args.push("--json");
+    // Per interpreter: stacks from the interrupt, from userspace; problems.
+    let mut counts: Vec<(u32, u32)> = vec![(0, 0); targets.len()];
+    let mut problems: Vec<Vec<String>> = vec![Vec::new(); targets.len()];
+    let mut window_ms = Vec::new();
+    let mut whole = vec![0u32; targets.len()];
+    for n in 0..DUMPS {
+        let before: Vec<u64> = targets.iter().map(|t| progress(&t.2)).collect();
+        let out = dump(&args);
+        let after: Vec<u64> = targets.iter().map(|t| progress(&t.2)).collect();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "dump {n} failed: {stderr}");
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("dump --json is JSON");
+        window_ms.push(doc["window"]["ms"].as_f64().unwrap_or(-1.0));
+        for (k, (interp, workload, _)) in targets.iter().enumerate() {
+            let mut bad = |what: String| problems[k].push(format!("dump {n}: {what}"));
+            if after[k] <= before[k] {
+                bad(format!(
+                    "progress {} → {}: the target did not run during the dump",
+                    before[k], after[k]
+                ));
+            }
+            let Some(p) = doc["processes"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["pid"] == workload.pid()))
+            else {
+                bad(format!("no process {} in {doc}", workload.pid()));
+                continue;
+            };
+            let Some(main) = p["threads"]
+                .as_array()
+                .and_then(|ts| ts.iter().find(|t| t["tid"] == workload.pid()))
+            else {
+                bad(format!("no main thread in {p}"));
+                continue;
+            };
+            match main["source"].as_str() {
+                Some("interrupt") => counts[k].0 += 1,
+                Some("userspace") => counts[k].1 += 1,
+                other => bad(format!("stack source {other:?}: {main}")),
+            }
+            let f = frames(main);
+            let mut ok = main["consistent"] == true
+                && main["error"].is_null()
+                && main["truncated"] == false
+                && f.last().is_some_and(|(name, _)| name == "<module>");
+            for (i, (function, line)) in f.iter().enumerate() {
+                let known = allowed
+                    .get(function)
+                    .is_some_and(|lines| lines.contains(line));
+                let called_right = match f.get(i + 1) {
+                    Some((caller, _)) => callers
+                        .get(function.as_str())
+                        .is_some_and(|c| c.contains(&caller.as_str())),
+                    None => function == "<module>",
+                };
+                ok &= known && called_right;
+            }
+            if ok {
+                whole[k] += 1;
+            } else {
+                bad(format!("{} stack not whole: {main}", interp.label));
+            }
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let stops: Vec<String> = watchers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    let (median, max) = median_max(&mut window_ms);
+    eprintln!("{DUMPS} dumps of {} processes; window median {median} ms, max {max} ms", targets.len());
+    for (k, (interp, _, host)) in targets.iter().enumerate() {
+        let (interrupt, userspace) = counts[k];
+        eprintln!(
+            "{}: {} of {DUMPS} whole; main thread from the interrupt {interrupt} ({:.0}%), \
+             from userspace {userspace} ({:.0}%)",
+            interp.label,
+            whole[k],
+            100.0 * interrupt as f64 / DUMPS as f64,
+            100.0 * userspace as f64 / DUMPS as f64,
+        );
+        let _ = std::fs::remove_file(host);
+    }
+    drop(targets);
+    assert!(stops.is_empty(), "a thread was stopped: {stops:?}");
+    let problems: Vec<String> = problems.into_iter().flatten().collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// One busy thread and three sleeping ones, named only through `threading`: on every
+/// interpreter each of the five threads shows its `threading` name (the OS knows them as
+/// `python3.X` before 3.14, and cuts them at 15 bytes from 3.14), the busy thread's stack comes
+/// from the interrupt and the sleeping ones' from userspace, checked, at their marked lines.
+#[test]
+fn dump_names_threads_as_threading_does() {
+    let interps = interpreters_logged();
+    let lines = marker_lines("dump_named.py");
+    let names = [
+        "MainThread",
+        "busy-cruncher-thread",
+        "sleeping-in-time-sleep",
+        "waiting-on-an-event",
+        "blocked-on-a-lock",
+    ];
+    // name → (function at the top of its marked frames, lines it may be on, source).
+    let expect: HashMap<&str, (&str, Vec<u32>, &str)> = HashMap::from([
+        ("MainThread", ("main", vec![lines["main"]], "userspace")),
+        (
+            "busy-cruncher-thread",
+            ("crunch", vec![lines["crunch"], lines["crunch_loop"]], "interrupt"),
+        ),
+        (
+            "sleeping-in-time-sleep",
+            ("doze", vec![lines["doze"]], "userspace"),
+        ),
+        (
+            "waiting-on-an-event",
+            ("wait_event", vec![lines["wait_event"]], "userspace"),
+        ),
+        (
+            "blocked-on-a-lock",
+            ("hold_lock", vec![lines["hold_lock"]], "userspace"),
+        ),
+    ]);
+    let mut failures = Vec::new();
+    for interp in &interps {
+        let workload = Workload::start(interp, "dump_named.py", &[]);
+        let pid = workload.pid();
+        let tids: HashMap<&str, String> = names.iter().map(|&n| (n, workload.printed(n))).collect();
+        // A generous window: the busy thread must get a CPU on a loaded machine.
+        let docs: Vec<Value> = (0..3)
+            .map(|_| dump_json(pid, &["--window", "2000"]))
+            .collect();
+        let text = dump(&["-p", &pid.to_string(), "--window", "2000"]);
+        drop(workload);
+        let mut problems = Vec::new();
+        for (n, doc) in docs.iter().enumerate() {
+            let count = doc["processes"][0]["threads"].as_array().map(|t| t.len());
+            if count != Some(5) {
+                problems.push(format!("dump {n}: {count:?} threads"));
+            }
+            for name in names {
+                let t = thread(doc, &tids[name]);
+                let (function, at, source) = &expect[name];
+                let f = frames(t);
+                let top = f.iter().find(|(fun, _)| fun == function);
+                let ok = t["name"] == name
+                    && t["name_source"] == "threading"
+                    && t["source"] == *source
+                    && t["consistent"] == true
+                    && top.is_some_and(|(_, line)| at.contains(&(*line as u32)))
+                    && f.last().is_some_and(|(fun, _)| fun == "<module>" || fun.ends_with("_bootstrap"));
+                let state_ok = match *source {
+                    "interrupt" => t["state"] == "running",
+                    _ => t["state"] == "idle",
+                };
+                // Before 3.14 the OS knows none of these names.
+                let os_ok = interp.version >= (3, 14)
+                    || name == "MainThread"
+                    || t["os_name"] != name;
+                if !(ok && state_ok && os_ok) {
+                    problems.push(format!("dump {n}: {name}: {t}"));
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&text.stdout);
+        for name in names {
+            if !text.contains(&format!("Thread {} \"{name}\"", tids[name])) {
+                problems.push(format!("text dump lacks {name}:\n{text}"));
+            }
+        }
+        eprintln!("{}: ok={}", interp.label, problems.is_empty());
+        if !problems.is_empty() {
+            failures.push(format!("{}:\n  {}", interp.label, problems.join("\n  ")));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -252,8 +252,9 @@ impl AttrReader {
         }
         let slot = mem.read_u64(at(a.managed_dict))?;
         let dict = match a.dict_tags_values && slot & 1 == 1 {
+            // `_PyDictOrValues_SetValues` stores the values' address minus one.
             true => {
-                values = Some(slot - 1);
+                values = Some(slot.wrapping_add(1));
                 0
             }
             false => slot,

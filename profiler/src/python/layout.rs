@@ -201,7 +201,7 @@ pub struct AttrLayout {
     /// 0 where there is none.
     pub values_pointer: i16,
     /// The managed dict slot holds either a dict or, with its low bit set, a `PyDictValues *`
-    /// plus one (3.12).
+    /// minus one (3.12).
     pub dict_tags_values: bool,
     /// `Py_TPFLAGS_INLINE_VALUES`: the values follow the object at `tp_basicsize` (3.13+);
     /// 0 where no type has that flag.
