@@ -10,7 +10,8 @@ import sys
 PATH = sys.argv[1]
 with open(PATH, "wb") as f:
     f.write(bytes(8))
-progress = mmap.mmap(open(PATH, "r+b").fileno(), 8)
+progress_file = open(PATH, "r+b")
+progress = mmap.mmap(progress_file.fileno(), 8)
 
 
 def leaf(k):  # LINE:leaf_def
