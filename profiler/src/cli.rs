@@ -327,7 +327,7 @@ pub struct TopArgs {
     /// Aggregate by line instead of by function (key `l` toggles in the live view).
     #[arg(long)]
     pub lines: bool,
-    /// Column to sort by (keys 1-6 change it in the live view).
+    /// Column to sort by (keys 1-7 change it in the live view).
     #[arg(long, value_enum, default_value_t = TopSort::Own)]
     pub sort: TopSort,
     #[command(flatten)]
@@ -452,6 +452,8 @@ pub enum TopSort {
     Function,
     /// Process id.
     Process,
+    /// Thread name (`threading`'s, else the OS's).
+    Thread,
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {

@@ -680,7 +680,10 @@ fn dump_a_cpu_bound_process_whole_every_time() {
         .flat_map(|w| w.join().unwrap())
         .collect();
     let (median, max) = median_max(&mut window_ms);
-    eprintln!("{DUMPS} dumps of {} processes; window median {median} ms, max {max} ms", targets.len());
+    eprintln!(
+        "{DUMPS} dumps of {} processes; window median {median} ms, max {max} ms",
+        targets.len()
+    );
     for (k, (interp, _, host)) in targets.iter().enumerate() {
         let (interrupt, userspace) = counts[k];
         eprintln!(
@@ -719,7 +722,11 @@ fn dump_names_threads_as_threading_does() {
         ("MainThread", ("main", vec![lines["main"]], "userspace")),
         (
             "busy-cruncher-thread",
-            ("crunch", vec![lines["crunch"], lines["crunch_loop"]], "interrupt"),
+            (
+                "crunch",
+                vec![lines["crunch"], lines["crunch_loop"]],
+                "interrupt",
+            ),
         ),
         (
             "sleeping-in-time-sleep",
@@ -761,15 +768,15 @@ fn dump_names_threads_as_threading_does() {
                     && t["source"] == *source
                     && t["consistent"] == true
                     && top.is_some_and(|(_, line)| at.contains(&(*line as u32)))
-                    && f.last().is_some_and(|(fun, _)| fun == "<module>" || fun.ends_with("_bootstrap"));
+                    && f.last()
+                        .is_some_and(|(fun, _)| fun == "<module>" || fun.ends_with("_bootstrap"));
                 let state_ok = match *source {
                     "interrupt" => t["state"] == "running",
                     _ => t["state"] == "idle",
                 };
                 // Before 3.14 the OS knows none of these names.
-                let os_ok = interp.version >= (3, 14)
-                    || name == "MainThread"
-                    || t["os_name"] != name;
+                let os_ok =
+                    interp.version >= (3, 14) || name == "MainThread" || t["os_name"] != name;
                 if !(ok && state_ok && os_ok) {
                     problems.push(format!("dump {n}: {name}: {t}"));
                 }
@@ -782,6 +789,97 @@ fn dump_names_threads_as_threading_does() {
             }
         }
         eprintln!("{}: ok={}", interp.label, problems.is_empty());
+        if !problems.is_empty() {
+            failures.push(format!("{}:\n  {}", interp.label, problems.join("\n  ")));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `--async` on 3.14+: the task running on a CPU (the event loop's thread is busy in it) gets
+/// its coroutine stack from the sampler's interrupt, like its thread; the suspended tasks are
+/// copied from userspace and checked.
+#[test]
+fn dump_async_takes_the_running_task_from_the_interrupt() {
+    let interps: Vec<_> = interpreters_logged()
+        .into_iter()
+        .filter(|i| i.version >= (3, 14))
+        .collect();
+    assert!(
+        interps.len() >= 2,
+        "the sid 3.14 and 3.15 interpreters are required"
+    );
+    let lines = marker_lines("dump_async_busy.py");
+    const DUMPS: usize = 5;
+    let mut failures = Vec::new();
+    for interp in &interps {
+        let workload = Workload::start(interp, "dump_async_busy.py", &[]);
+        let pid = workload.pid();
+        let docs: Vec<Value> = (0..DUMPS)
+            .map(|_| dump_json(pid, &["--async", "--window", "2000"]))
+            .collect();
+        drop(workload);
+        let mut problems = Vec::new();
+        let mut from_interrupt = 0;
+        for (n, doc) in docs.iter().enumerate() {
+            let tasks = doc["processes"][0]["tasks"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let task = |name: &str| tasks.iter().find(|t| t["name"] == name);
+            let Some(cruncher) = task("cruncher") else {
+                problems.push(format!("dump {n}: no cruncher task: {doc}"));
+                continue;
+            };
+            let stack: Vec<(String, u64)> = cruncher["coroutine_stack"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| {
+                    (
+                        f["function"].as_str().unwrap_or("").to_string(),
+                        f["line"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect();
+            if cruncher["source"] == "interrupt" {
+                from_interrupt += 1;
+                // Leaf first: crunch at one of its lines, then the task's coroutine, last.
+                let ok = stack.first().is_some_and(|(f, l)| {
+                    f == "crunch" && [lines["crunch"], lines["crunch_loop"]].contains(&(*l as u32))
+                }) && stack
+                    .last()
+                    .is_some_and(|(f, l)| f == "cruncher" && *l as u32 == lines["cruncher"])
+                    && cruncher["consistent"] == true;
+                if !ok {
+                    problems.push(format!("dump {n}: cruncher from the interrupt: {cruncher}"));
+                }
+            }
+            for name in ["idle-1", "idle-2"] {
+                let ok = task(name).is_some_and(|t| {
+                    t["source"] == "userspace"
+                        && t["consistent"] == true
+                        && t["coroutine_stack"]
+                            .as_array()
+                            .and_then(|s| s.last())
+                            .is_some_and(|f| f["function"] == "idle" && f["line"] == lines["idle"])
+                });
+                if !ok {
+                    problems.push(format!("dump {n}: {name}: {:?}", task(name)));
+                }
+            }
+        }
+        // The loop runs something other than crunch() for well under 1% of the time.
+        if from_interrupt + 1 < DUMPS {
+            problems.push(format!(
+                "the cruncher came from the interrupt in {from_interrupt} of {DUMPS} dumps"
+            ));
+        }
+        eprintln!(
+            "{}: cruncher from the interrupt in {from_interrupt} of {DUMPS}; ok={}",
+            interp.label,
+            problems.is_empty()
+        );
         if !problems.is_empty() {
             failures.push(format!("{}:\n  {}", interp.label, problems.join("\n  ")));
         }

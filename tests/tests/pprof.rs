@@ -90,14 +90,6 @@ fn def_line(script: &str, name: &str) -> u32 {
     at as u32 + 1
 }
 
-/// `/proc/PID/task/TID/comm`, what a thread is called.
-fn comm(pid: u32, tid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .unwrap_or_else(|e| panic!("reading comm of {pid}/{tid}: {e}"))
-        .trim()
-        .to_string()
-}
-
 /// What discovery calls a process run as `<exe> <script>`: both basenames.
 fn short_command(interp: &Interpreter, script: &str) -> String {
     let exe = interp.exe.file_name().unwrap().to_string_lossy();
@@ -152,7 +144,8 @@ fn chain_types_period_stack_and_labels_on_every_interpreter() {
         let what = &interp.label;
         let workload = Workload::start(interp, "chain.py", &[]);
         let pid = workload.pid();
-        let thread_name = comm(pid, pid);
+        // chain.py imports threading: its thread is named as threading names it.
+        let thread_name = "MainThread";
         let rec = record_pprof(&["-p", &pid.to_string(), "-d", SECONDS_EACH], what);
         drop(workload);
 
@@ -386,8 +379,8 @@ fn top_shares_match_collapsed_of_the_same_seconds() {
 }
 
 /// `-p A -p B` with two different workloads: both pids are label values, each sample's pid,
-/// tid, thread name, process and service match the code it ran, and `-tagfocus=pid=` keeps
-/// one process's functions.
+/// tid, thread name (`threading`'s where the program has one), process and service match the
+/// code it ran, and `-tagfocus=pid=` keeps one process's functions.
 #[test]
 fn two_processes_keep_their_own_labels() {
     let _turn = one_at_a_time();
@@ -398,10 +391,12 @@ fn two_processes_keep_their_own_labels() {
     let (a, b) = (chain.pid(), threads.pid());
     let alpha: u32 = threads.printed("alpha").parse().expect("alpha tid");
     let beta: u32 = threads.printed("beta").parse().expect("beta tid");
-    let names: HashMap<u32, String> = [(a, a), (b, alpha), (b, beta)]
-        .into_iter()
-        .map(|(pid, tid)| (tid, comm(pid, tid)))
-        .collect();
+    // Threads carry threading's names, which the OS does not know before 3.14.
+    let names: HashMap<u32, String> = HashMap::from([
+        (a, "MainThread".to_string()),
+        (alpha, threads.printed("alpha_name")),
+        (beta, threads.printed("beta_name")),
+    ]);
     let rec = record_pprof(
         &["-p", &a.to_string(), "-p", &b.to_string(), "-d", SECONDS],
         "two processes",

@@ -113,22 +113,35 @@ fn cpu_split_is_measured_within_five_points() {
     }
 }
 
-/// Both threads' stacks appear, each under its own thread id.
+/// Both threads' stacks appear, each under its own thread id and its `threading` name (the
+/// OS calls both `python3.X` before 3.14).
 #[test]
 fn two_threads_are_attributed_to_their_tids() {
     for interp in &interpreters_logged() {
         let workload = Workload::start(interp, "threads.py", &[]);
         let (alpha, beta) = (workload.printed("alpha"), workload.printed("beta"));
+        let names = [
+            (alpha.clone(), workload.printed("alpha_name")),
+            (beta.clone(), workload.printed("beta_name")),
+        ];
         let pid = workload.pid().to_string();
         let rec = record(&["-p", &pid, "-d", "2", "--threads"]);
         drop(workload);
         assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
         let mut seen: HashMap<(String, String), u64> = HashMap::new();
         for (stack, count) in &rec.stacks {
-            let thread = stack
-                .iter()
-                .find_map(|f| f.strip_prefix("thread "))
-                .map(|t| t.split(' ').next().unwrap().to_string());
+            let frame = stack.iter().find_map(|f| f.strip_prefix("thread "));
+            for (tid, name) in &names {
+                if frame.is_some_and(|f| f.starts_with(&format!("{tid} "))) {
+                    assert_eq!(
+                        frame,
+                        Some(format!("{tid} ({name})").as_str()),
+                        "{}: thread {tid} is named by threading",
+                        interp.label
+                    );
+                }
+            }
+            let thread = frame.map(|t| t.split(' ').next().unwrap().to_string());
             let leaf = stack
                 .last()
                 .and_then(|f| parse_label(f))

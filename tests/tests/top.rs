@@ -220,6 +220,43 @@ fn text_snapshot_shows_hot_function_and_process() {
     );
 }
 
+/// The Thread column names each row's thread as `threading` does (`Thread-1 (run)`; the OS
+/// calls it `python3.X` before 3.14), on every interpreter at once.
+#[test]
+fn text_snapshot_names_threads_as_threading_does() {
+    let _serial = serial();
+    let workloads: Vec<(String, Workload)> = interpreters_logged()
+        .iter()
+        .map(|i| (i.label.clone(), Workload::start(i, "threads.py", &[])))
+        .collect();
+    let mut args: Vec<String> = vec!["top".into(), "--once".into(), "--delay".into(), "2".into()];
+    for (_, w) in &workloads {
+        args.push("-p".into());
+        args.push(w.pid().to_string());
+    }
+    let output = Command::new(pyebpf_bin()).args(&args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for (label, w) in &workloads {
+        for (function, name) in [
+            ("spin_alpha", w.printed("alpha_name")),
+            ("spin_beta", w.printed("beta_name")),
+        ] {
+            let row = rows(&stdout).into_iter().find(|r| {
+                r.contains(&format!(" {} ", w.pid())) && r.contains(&format!(" {function} ("))
+            });
+            assert!(
+                row.is_some_and(|r| r.contains(&format!(" {name} "))),
+                "{label}: the {function} row does not name {name:?}:\n{stdout}"
+            );
+        }
+    }
+}
+
 /// System-wide text mode: a process started while `top` runs appears, and disappears after
 /// it exits, each within about two seconds.
 #[test]
@@ -406,7 +443,7 @@ fn live_view_in_tmux() {
     // Sorted by %Own, a module frame (no own time) is not first; by function name it is.
     let first = rows(&screen)[0].to_string();
     assert!(!first.contains("<module> ("), "{screen}");
-    tmux.keys(&["6"]);
+    tmux.keys(&["7"]);
     let screen = tmux.wait_for("sorted by function", Duration::from_secs(2), |sc| {
         rows(sc).first().is_some_and(|r| r.contains("<module> ("))
     });

@@ -1,6 +1,7 @@
 # <module> -> top -> mid -> leaf, burning CPU in leaf until killed.
 # Lines marked "LINE:<name>" are where each frame is expected to be executing.
 import sys
+import threading  # some interpreters import it at start anyway: name the thread MainThread in all
 
 
 def leaf():

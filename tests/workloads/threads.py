@@ -1,4 +1,5 @@
-# Two threads burning CPU in different functions; prints each thread's native id.
+# Two threads burning CPU in different functions; prints each thread's native id and its
+# `threading` name (the default one, `Thread-N (run)`).
 import threading
 
 
@@ -21,14 +22,17 @@ def start(target):
         ready.set()
         target()
 
-    threading.Thread(target=run, daemon=True).start()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
     ready.wait()
-    return ids["tid"]
+    return ids["tid"], thread.name
 
 
-alpha = start(spin_alpha)
-beta = start(spin_beta)
+alpha, alpha_name = start(spin_alpha)
+beta, beta_name = start(spin_beta)
 print(f"alpha {alpha}", flush=True)
 print(f"beta {beta}", flush=True)
+print(f"alpha_name {alpha_name}", flush=True)
+print(f"beta_name {beta_name}", flush=True)
 print("ready", flush=True)
 threading.Event().wait()

@@ -2,9 +2,12 @@
 //! asks for, the Python frames, and markers for truncated and idle stacks; with
 //! [`Aggregator::with_labels`], each sample's labels too (see [`super::labels`]).
 //!
-//! Bounds: the thread caches (names read from `/proc`, label sets) hold at most
-//! [`MAX_THREADS`] entries and start over when full, so a long run with thread churn keeps
-//! them flat; a thread seen again after that costs one more `/proc` read.
+//! Threads are named as Python knows them (`threading`'s names, else the OS's; see
+//! `python::thread_names`), in `--threads` frames and the `thread_name` label.
+//!
+//! Bounds: the thread caches (names, label sets) hold at most [`MAX_THREADS`] entries and
+//! start over when full, so a long run with thread churn keeps them flat; a thread seen again
+//! after that costs one more read of its name.
 
 use std::collections::HashMap;
 
@@ -13,6 +16,7 @@ use rustc_hash::FxHashMap;
 use super::labels::{process_labels, Label, LabelSetId};
 use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
 use crate::discovery::PythonProcess;
+use crate::python::thread_names::ThreadNames;
 use crate::resolve::Mixed;
 use crate::session::{PyFrame, Resolved, Session};
 
@@ -34,6 +38,8 @@ pub(crate) struct Aggregator {
     process_labels: HashMap<u32, Vec<(&'static str, String)>>,
     thread_frames: FxHashMap<(u32, u32), FrameId>,
     label_sets: FxHashMap<(u32, u32), LabelSetId>,
+    /// Thread names, for `--threads` frames and the `thread_name` label.
+    names: ThreadNames,
     stack: Vec<FrameId>,
     /// `--gil`: keep only samples whose thread held the GIL.
     pub gil_only: bool,
@@ -57,6 +63,7 @@ impl Aggregator {
             process_labels: HashMap::new(),
             thread_frames: FxHashMap::default(),
             label_sets: FxHashMap::default(),
+            names: ThreadNames::default(),
             stack: Vec::new(),
             gil_only: false,
             gil_dropped: 0,
@@ -105,6 +112,8 @@ impl Aggregator {
                 session.watched().map(|p| p.pid).collect();
             self.process_labels.retain(|pid, _| watched.contains(pid));
         }
+        let watched: std::collections::HashSet<u32> = session.watched().map(|p| p.pid).collect();
+        self.names.keep(|pid| watched.contains(&pid));
     }
 
     /// Adds one resolved sample of `process`.
@@ -133,7 +142,7 @@ impl Aggregator {
             let id = match self.thread_frames.get(&key) {
                 Some(&id) => id,
                 None => {
-                    let name = thread_name(sample.pid, sample.tid);
+                    let name = self.names.name(process, sample.tid);
                     let id = self.profile.intern(Frame::marker(
                         FrameKind::Thread,
                         format!("thread {} ({name})", sample.tid),
@@ -187,7 +196,7 @@ impl Aggregator {
         let mut labels = vec![
             Label::num("pid", pid.into()),
             Label::num("tid", tid.into()),
-            Label::str("thread_name", thread_name(pid, tid)),
+            Label::str("thread_name", self.names.name(process, tid)),
         ];
         // Not noted yet (a sample can precede the next `note_processes`, and the agent's
         // windows never note): the labels of the process the sample came with.
@@ -278,13 +287,6 @@ impl Aggregator {
         self.python.insert(key, id);
         id
     }
-}
-
-/// The thread's name (`/proc/PID/task/TID/comm`), empty when it cannot be read (it exited).
-fn thread_name(pid: u32, tid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .map(|n| n.trim().to_string())
-        .unwrap_or_default()
 }
 
 /// Inserts into a per-thread cache, emptying it first when it is full.

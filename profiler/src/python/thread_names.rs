@@ -257,6 +257,12 @@ impl ThreadNames {
         self.names.insert(key, value);
     }
 
+    /// Keeps what is known of the processes `keep` says yes to (the watched ones).
+    pub(crate) fn keep(&mut self, keep: impl Fn(u32) -> bool) {
+        self.processes.retain(|&pid, _| keep(pid));
+        self.names.retain(|k, _| keep(k.0));
+    }
+
     /// Drops what is known of an exited process.
     pub(crate) fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);

@@ -24,6 +24,7 @@ use crate::discovery::{DiscoveryError, PythonProcess};
 use crate::driver::{self, Flow, Options, Scope, Sink};
 use crate::procfs::alive;
 use crate::python::code::CodeInfo;
+use crate::python::thread_names::ThreadNames;
 use crate::session::{Resolved, Session};
 use table::{Counted, Granularity, Location, Row, Table, ViewOptions};
 
@@ -73,22 +74,29 @@ impl Snapshot {
     }
 }
 
-/// Width of the Process column's text (`pid command`).
+/// Widths of the Process column's text (`pid command`) and of the Thread column's.
 const PROCESS_WIDTH: usize = text::WIDTHS[4];
+const THREAD_WIDTH: usize = text::WIDTHS[5];
 
-/// A row's cells in display order: %Own, %Total, OwnTime, TotalTime, Process, Function.
-pub(crate) fn cells(row: &Row, snap: &Snapshot) -> [String; 6] {
-    let interval = snap.counted.interval_samples;
-    let mut process = format!("{} {}", row.key.pid, row.command);
-    if process.chars().count() > PROCESS_WIDTH {
-        process = process.chars().take(PROCESS_WIDTH - 1).collect::<String>() + "…";
+/// `text` cut to `width` characters, with `…` where it was cut.
+fn fit(text: &str, width: usize) -> String {
+    match text.chars().count() > width {
+        true => text.chars().take(width - 1).collect::<String>() + "…",
+        false => text.to_string(),
     }
+}
+
+/// A row's cells in display order: %Own, %Total, OwnTime, TotalTime, Process, Thread,
+/// Function.
+pub(crate) fn cells(row: &Row, snap: &Snapshot) -> [String; 7] {
+    let interval = snap.counted.interval_samples;
     [
         format!("{:.1}%", table::percent(row.own_interval, interval)),
         format!("{:.1}%", table::percent(row.total_interval, interval)),
         table::format_time(row.own, snap.rate_hz),
         table::format_time(row.total, snap.rate_hz),
-        process,
+        fit(&format!("{} {}", row.key.pid, row.command), PROCESS_WIDTH),
+        fit(&row.thread, THREAD_WIDTH),
         row.key.label(),
     ]
 }
@@ -109,13 +117,19 @@ type Names = (Arc<CodeInfo>, Arc<str>, Arc<str>);
 #[derive(Default)]
 struct Counter {
     table: Table,
+    /// Thread names for the Thread column.
+    threads: ThreadNames,
+    /// Threads named in this interval: each is looked up (its start time read from `/proc`)
+    /// once per interval, not once per sample.
+    named: std::collections::HashSet<(u32, u32)>,
     /// Interned names per code object; holding the `Arc` keeps its address from being reused.
     names: HashMap<*const CodeInfo, Names>,
     frames: Vec<Location>,
 }
 
 impl Counter {
-    fn add(&mut self, sample: &Resolved, command: &str) {
+    fn add(&mut self, sample: &Resolved, process: &PythonProcess) {
+        let command = process.command.as_str();
         if self.names.len() > 100_000 {
             self.names.clear();
         }
@@ -147,8 +161,20 @@ impl Counter {
             };
             self.frames.push(location);
         }
+        if self.named.insert((sample.pid, sample.tid)) {
+            let name = self.threads.name(process, sample.tid);
+            self.table.name_thread(sample.pid, sample.tid, &name);
+        }
         self.table
             .add(sample.pid, sample.tid, command, &self.frames);
+    }
+}
+
+impl Counter {
+    /// The rows of the interval; threads are named again in the next one.
+    fn end_interval(&mut self) -> Counted {
+        self.named.clear();
+        self.table.end_interval()
     }
 }
 
@@ -184,7 +210,7 @@ impl Viewer {
         let python_share = (events > 0)
             .then(|| (samples.saturating_sub(self.last_samples) as f64 / events as f64).min(1.0));
         let snap = Snapshot {
-            counted: self.counter.table.end_interval(),
+            counted: self.counter.end_interval(),
             interval: now - self.interval_started,
             elapsed: now - self.started,
             rate_hz: self.rate_hz,
@@ -208,12 +234,13 @@ impl Sink for Viewer {
     type Input = crossterm::event::Event;
 
     fn sample(&mut self, sample: &Resolved, process: &PythonProcess) {
-        self.counter.add(sample, &process.command);
+        self.counter.add(sample, process);
     }
 
     fn processes(&mut self, _session: &Session, _added: &[u32], gone: &[u32]) {
         for &pid in gone {
             self.counter.table.forget(pid);
+            self.counter.threads.forget(pid);
         }
     }
 

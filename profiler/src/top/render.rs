@@ -29,7 +29,7 @@ pub(crate) const MIN_HEIGHT: u16 = 8;
 
 const HELP: &[(&str, &str)] = &[
     ("q", "quit"),
-    ("1-6 ←→", "sort"),
+    ("1-7 ←→", "sort"),
     ("r", "reverse"),
     ("space", "pause"),
     ("/", "filter process"),
@@ -123,7 +123,7 @@ impl Ui {
         }
         match key.code {
             KeyCode::Char('q') | KeyCode::Char('Q') | KeyCode::Esc => return Action::Quit,
-            KeyCode::Char(c @ '1'..='6') => {
+            KeyCode::Char(c @ '1'..='7') => {
                 let index = c as usize - '1' as usize;
                 self.opts.sort_by(Column::ALL[index]);
             }
@@ -266,7 +266,8 @@ impl Ui {
             .skip(first)
             .take(visible)
             .map(|row| {
-                let [own, total, own_time, total_time, process, _] = cells(row, &self.snapshot);
+                let [own, total, own_time, total_time, process, thread, _] =
+                    cells(row, &self.snapshot);
                 let right = |s: String| Cell::from(Line::from(s).alignment(Alignment::Right));
                 TableRow::new(vec![
                     right(own),
@@ -274,6 +275,7 @@ impl Ui {
                     right(own_time),
                     right(total_time),
                     Cell::from(process),
+                    Cell::from(thread),
                     Cell::from(fit_label(&row.key, function_width)),
                 ])
             })
@@ -287,6 +289,7 @@ impl Ui {
                 "no Python samples yet: is a Python process busy?".into()
             };
             lines.push(TableRow::new(vec![
+                Cell::default(),
                 Cell::default(),
                 Cell::default(),
                 Cell::default(),
@@ -537,7 +540,7 @@ mod tests {
     #[test]
     fn keys_sort_filter_pause_and_quit() {
         let mut ui = ui();
-        assert_eq!(ui.on_key(&key(KeyCode::Char('6'))), Action::Redraw);
+        assert_eq!(ui.on_key(&key(KeyCode::Char('7'))), Action::Redraw);
         assert_eq!(ui.opts.sort, Column::Function);
         assert!(!ui.opts.descending);
         let s = screen(&ui, 120, 12);

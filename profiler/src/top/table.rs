@@ -13,6 +13,8 @@
 //!
 //! Rows are per process: the same function in two processes is two rows. A row is a
 //! function (its qualname, file and first line) or, in line mode, one line of a function.
+//! Each row names the thread its samples came from (its `threading` name, see
+//! `python::thread_names`), or how many threads they came from.
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
@@ -69,12 +71,19 @@ impl RowKey {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Threads a row tells apart; past this it says "N+ threads".
+const MAX_ROW_THREADS: usize = 8;
+/// Thread names a table keeps; past this it starts over.
+const MAX_NAMES: usize = 1 << 16;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Counts {
     own: u64,
     total: u64,
     own_interval: u64,
     total_interval: u64,
+    /// The threads whose samples the row holds (at most [`MAX_ROW_THREADS`]).
+    tids: Vec<u32>,
 }
 
 /// Rows of one granularity.
@@ -97,8 +106,8 @@ impl Level {
         id
     }
 
-    /// `ids` are the sample's rows, leaf first.
-    fn add(&mut self, ids: &mut Vec<u32>) {
+    /// `ids` are the sample's rows, leaf first; `tid` its thread.
+    fn add(&mut self, ids: &mut Vec<u32>, tid: u32) {
         let Some(&leaf) = ids.first() else { return };
         let own = &mut self.counts[leaf as usize];
         own.own += 1;
@@ -109,6 +118,9 @@ impl Level {
             let c = &mut self.counts[id as usize];
             c.total += 1;
             c.total_interval += 1;
+            if c.tids.len() < MAX_ROW_THREADS && !c.tids.contains(&tid) {
+                c.tids.push(tid);
+            }
         }
     }
 
@@ -132,7 +144,11 @@ impl Level {
         }
     }
 
-    fn rows(&self, commands: &HashMap<u32, Arc<str>>) -> Vec<Row> {
+    fn rows(
+        &self,
+        commands: &HashMap<u32, Arc<str>>,
+        names: &HashMap<(u32, u32), Arc<str>>,
+    ) -> Vec<Row> {
         self.keys
             .iter()
             .zip(&self.counts)
@@ -140,6 +156,16 @@ impl Level {
             .map(|(key, c)| Row {
                 key: key.clone(),
                 command: commands.get(&key.pid).cloned().unwrap_or_else(|| "".into()),
+                thread: match c.tids[..] {
+                    [tid] => names
+                        .get(&(key.pid, tid))
+                        .cloned()
+                        .unwrap_or_else(|| tid.to_string().into()),
+                    ref tids if tids.len() >= MAX_ROW_THREADS => {
+                        format!("{MAX_ROW_THREADS}+ threads").into()
+                    }
+                    ref tids => format!("{} threads", tids.len()).into(),
+                },
                 own_interval: c.own_interval,
                 total_interval: c.total_interval,
                 own: c.own,
@@ -155,12 +181,25 @@ pub(crate) struct Table {
     functions: Level,
     lines: Level,
     commands: HashMap<u32, Arc<str>>,
+    /// (pid, tid) → the thread's name, for the rows' Thread column.
+    names: HashMap<(u32, u32), Arc<str>>,
     interval_samples: u64,
     interval_threads: HashSet<(u32, u32)>,
     ids: Vec<u32>,
 }
 
 impl Table {
+    /// Names thread `tid` of process `pid` in the Thread column (unnamed threads show their
+    /// id).
+    pub(crate) fn name_thread(&mut self, pid: u32, tid: u32, name: &Arc<str>) {
+        if self.names.get(&(pid, tid)) != Some(name) {
+            if self.names.len() >= MAX_NAMES {
+                self.names.clear();
+            }
+            self.names.insert((pid, tid), name.clone());
+        }
+    }
+
     /// Adds one sample of thread `tid` of process `pid`; `frames` are leaf first.
     pub(crate) fn add(&mut self, pid: u32, tid: u32, command: &str, frames: &[Location]) {
         if frames.is_empty() {
@@ -187,7 +226,7 @@ impl Table {
                     line,
                 }));
             }
-            level.add(&mut ids);
+            level.add(&mut ids, tid);
         }
         self.ids = ids;
     }
@@ -197,13 +236,14 @@ impl Table {
         self.functions.forget(pid);
         self.lines.forget(pid);
         self.commands.remove(&pid);
+        self.names.retain(|k, _| k.0 != pid);
     }
 
     /// The rows as they are now, and starts a new interval.
     pub(crate) fn end_interval(&mut self) -> Counted {
         let counted = Counted {
-            functions: self.functions.rows(&self.commands),
-            lines: self.lines.rows(&self.commands),
+            functions: self.functions.rows(&self.commands, &self.names),
+            lines: self.lines.rows(&self.commands, &self.names),
             interval_samples: self.interval_samples,
             threads: self.interval_threads.len(),
         };
@@ -221,6 +261,9 @@ pub(crate) struct Row {
     pub key: RowKey,
     /// Short command line of the process.
     pub command: Arc<str>,
+    /// The name of the thread the row's samples came from, or how many threads they came
+    /// from.
+    pub thread: Arc<str>,
     pub own_interval: u64,
     pub total_interval: u64,
     pub own: u64,
@@ -255,16 +298,18 @@ pub(crate) enum Column {
     OwnTime,
     TotalTime,
     Process,
+    Thread,
     Function,
 }
 
 impl Column {
-    pub(crate) const ALL: [Column; 6] = [
+    pub(crate) const ALL: [Column; 7] = [
         Column::Own,
         Column::Total,
         Column::OwnTime,
         Column::TotalTime,
         Column::Process,
+        Column::Thread,
         Column::Function,
     ];
 
@@ -275,6 +320,7 @@ impl Column {
             Column::OwnTime => "OwnTime",
             Column::TotalTime => "TotalTime",
             Column::Process => "Process",
+            Column::Thread => "Thread",
             Column::Function => "Function (file:line)",
         }
     }
@@ -285,7 +331,7 @@ impl Column {
 
     /// Numbers sort largest first, names A to Z.
     pub(crate) fn descending_by_default(self) -> bool {
-        !matches!(self, Column::Process | Column::Function)
+        !matches!(self, Column::Process | Column::Thread | Column::Function)
     }
 
     pub(crate) fn next(self) -> Column {
@@ -307,6 +353,7 @@ impl From<crate::cli::TopSort> for Column {
             TopSort::TotalTime => Column::TotalTime,
             TopSort::Function => Column::Function,
             TopSort::Process => Column::Process,
+            TopSort::Thread => Column::Thread,
         }
     }
 }
@@ -380,6 +427,7 @@ fn compare(column: Column, a: &Row, b: &Row) -> Ordering {
         Column::OwnTime => a.own.cmp(&b.own),
         Column::TotalTime => a.total.cmp(&b.total),
         Column::Process => a.key.pid.cmp(&b.key.pid),
+        Column::Thread => a.thread.cmp(&b.thread),
         Column::Function => a
             .key
             .function

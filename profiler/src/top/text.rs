@@ -8,25 +8,28 @@ use std::fmt::Write;
 use super::table::{self, Column, ViewOptions};
 use super::Snapshot;
 
-/// Widths of the fixed columns (%Own, %Total, OwnTime, TotalTime, Process).
-pub(crate) const WIDTHS: [usize; 5] = [7, 7, 9, 9, 26];
+/// Widths of the fixed columns (%Own, %Total, OwnTime, TotalTime, Process, Thread).
+pub(crate) const WIDTHS: [usize; 6] = [7, 7, 9, 9, 26, 16];
 
-/// One line of the table: five right-aligned columns, then the function, unpadded.
-fn write_line(out: &mut String, cells: &[impl std::fmt::Display; 6]) {
+/// One line of the table: four right-aligned columns, two left-aligned, then the function,
+/// unpadded.
+fn write_line(out: &mut String, cells: &[impl std::fmt::Display; 7]) {
     let _ = writeln!(
         out,
-        "{:>w0$} {:>w1$} {:>w2$} {:>w3$}  {:<w4$} {}",
+        "{:>w0$} {:>w1$} {:>w2$} {:>w3$}  {:<w4$} {:<w5$} {}",
         cells[0],
         cells[1],
         cells[2],
         cells[3],
         cells[4],
         cells[5],
+        cells[6],
         w0 = WIDTHS[0],
         w1 = WIDTHS[1],
         w2 = WIDTHS[2],
         w3 = WIDTHS[3],
         w4 = WIDTHS[4],
+        w5 = WIDTHS[5],
     );
 }
 
