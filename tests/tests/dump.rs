@@ -674,6 +674,86 @@ fn dump_a_cpu_bound_process_whole_every_time() {
             }
         }
     }
+    // --locals: read after the stack was taken, so a frame that returned since shows none,
+    // and a frame that is still there shows its own: red/green/blue's (n, k), one less n
+    // than its caller's; leaf's (k, x, i).
+    args.push("--locals");
+    let (mut with_locals, mut returned) = (0, 0);
+    for n in 0..10 {
+        let out = dump(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("dump --json is JSON");
+        for (k, (_, workload, _)) in targets.iter().enumerate() {
+            let main = doc["processes"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["pid"] == workload.pid()))
+                .and_then(|p| {
+                    p["threads"]
+                        .as_array()?
+                        .iter()
+                        .find(|t| t["tid"] == workload.pid())
+                });
+            let Some(main) = main else {
+                problems[k].push(format!("--locals dump {n}: no main thread"));
+                continue;
+            };
+            if main["source"] == "interrupt" && !main["locals_read_after_ms"].is_number() {
+                problems[k].push(format!(
+                    "--locals dump {n}: not marked as read after: {main}"
+                ));
+            }
+            let frames = main["frames"].as_array().cloned().unwrap_or_default();
+            let value = |f: &Value, name: &str| {
+                f["locals"]
+                    .as_array()?
+                    .iter()
+                    .find(|l| l["name"] == name)
+                    .and_then(|l| l["value"].as_str()?.parse::<i64>().ok())
+            };
+            for (i, f) in frames.iter().enumerate() {
+                let Some(locals) = f["locals"].as_array() else {
+                    returned += f["locals_unavailable"].is_string() as u32;
+                    continue;
+                };
+                with_locals += 1;
+                let names: Vec<&str> = locals.iter().filter_map(|l| l["name"].as_str()).collect();
+                let function = f["function"].as_str().unwrap_or("");
+                let allowed: &[&str] = match function {
+                    "red" | "green" | "blue" => &["n", "k"],
+                    "leaf" => &["k", "x", "i"],
+                    _ => &[],
+                };
+                let mut ok = names.iter().all(|n| allowed.contains(n));
+                if let (Some(callee_n), Some(caller)) = (value(f, "n"), frames.get(i + 1)) {
+                    if let Some(caller_n) = value(caller, "n") {
+                        ok &= callee_n == caller_n - 1;
+                    }
+                }
+                // A frame whose n is 0 calls the leaf: if it shows n = 0 under another callee,
+                // its variables are a later call's.
+                if value(f, "n") == Some(0) && i > 0 {
+                    ok &= frames[i - 1]["function"] == "leaf";
+                }
+                if function == "leaf" {
+                    if let (Some(k1), Some(k2)) =
+                        (value(f, "k"), frames.get(i + 1).and_then(|c| value(c, "k")))
+                    {
+                        ok &= k1 == k2;
+                    }
+                }
+                if !ok {
+                    problems[k].push(format!(
+                        "--locals dump {n}: frame {i} has another frame's variables: {main}"
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!("--locals: {with_locals} frames with their variables, {returned} returned before they were read");
     done.store(true, Ordering::Relaxed);
     let stops: Vec<String> = watchers
         .into_iter()

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use super::native::{NativeDump, IDLE_NATIVE};
 use super::snapshot::{
-    frame, holds_gil, read_locals, FrameDump, NameSource, ProcessDump, Source, ThreadDump,
-    ThreadState,
+    frame, holds_gil, FrameDump, NameSource, ProcessDump, Source, ThreadDump, ThreadState,
 };
-use super::userspace::{frames_still_there, Check};
+use super::userspace::{locals_after, Check};
 use super::window::{unavailable, Capture, ProcCapture, SampledFrame, Taken, ThreadCapture};
 use crate::discovery::PythonProcess;
 use crate::memory::ProcessMemory;
+use crate::python::objects::Local;
 use crate::python::thread_names::{os_name, process_thread_names, ProcessNames};
 use crate::session::Session;
 use crate::symbolize::Symbolizer;
@@ -26,14 +26,11 @@ pub(super) struct Wanted {
     pub window: Duration,
 }
 
-/// A frame the sampler took; with `locals`, its variables read now if `still` says the
-/// frame is still there (see `userspace::frames_still_there`).
+/// A frame the sampler took, with, for `--locals`, its variables as
+/// `userspace::locals_after` read them.
 pub(super) fn sampled_frame(
-    mem: &ProcessMemory,
-    proc: &PythonProcess,
     f: &SampledFrame,
-    locals: bool,
-    still: Option<bool>,
+    locals: Option<Result<Vec<Local>, &'static str>>,
 ) -> FrameDump {
     let mut out = FrameDump {
         function: f.function.clone(),
@@ -42,16 +39,31 @@ pub(super) fn sampled_frame(
         locals: None,
         locals_unavailable: None,
     };
-    if locals {
-        match still {
-            Some(true) => out.locals = Some(read_locals(mem, proc, f.frame, f.code)),
-            _ => {
-                out.locals_unavailable =
-                    Some("the frame returned after its stack was taken".to_string())
-            }
-        }
-    }
+    set_locals(&mut out, locals);
     out
+}
+
+/// Gives `frame` the variables read for it, or the reason there are none.
+pub(super) fn set_locals(frame: &mut FrameDump, locals: Option<Result<Vec<Local>, &'static str>>) {
+    match locals {
+        Some(Ok(values)) => frame.locals = Some(values),
+        Some(Err(why)) => frame.locals_unavailable = Some(why.to_string()),
+        None => {}
+    }
+}
+
+/// `--locals` of a stack taken earlier, read now (see `userspace::locals_after`); none
+/// without `--locals`.
+pub(super) fn later_locals(
+    mem: &ProcessMemory,
+    proc: &PythonProcess,
+    wanted: bool,
+    shape: impl Iterator<Item = (u64, u64, u64)>,
+) -> Vec<Result<Vec<Local>, &'static str>> {
+    match wanted {
+        true => locals_after(mem, proc, &shape.collect::<Vec<_>>()),
+        false => Vec::new(),
+    }
 }
 
 /// The dump of one process.
@@ -131,22 +143,17 @@ fn thread(
             let Some(s) = capture.samples.get(&(proc.pid, t.tid)) else {
                 return out;
             };
-            let still = match wanted.locals {
-                true => {
-                    let shape: Vec<(u64, u64, u64)> = s
-                        .frames
-                        .iter()
-                        .map(|f| (f.frame, f.code, f.instr))
-                        .collect();
-                    frames_still_there(&mem, proc, &shape)
-                }
-                false => Vec::new(),
-            };
+            let mut values = later_locals(
+                &mem,
+                proc,
+                wanted.locals,
+                s.frames.iter().map(|f| (f.frame, f.code, f.instr)),
+            )
+            .into_iter();
             out.frames = s
                 .frames
                 .iter()
-                .enumerate()
-                .map(|(i, f)| sampled_frame(&mem, proc, f, wanted.locals, still.get(i).copied()))
+                .map(|f| sampled_frame(f, values.next()))
                 .collect();
             out.state = ThreadState::Running;
             out.os_state = "R".into();
@@ -179,20 +186,14 @@ fn thread(
                 None if wanted.locals => {
                     // Checked by its frames (it was runnable): its variables may have moved
                     // on; read them now, from the frames that are still there.
-                    let shape: Vec<(u64, u64, u64)> = copy
-                        .frames
-                        .iter()
-                        .map(|f| (f.frame, f.code, f.instr))
-                        .collect();
-                    let still = frames_still_there(&mem, proc, &shape);
-                    for ((f, rec), ok) in out.frames.iter_mut().zip(&copy.frames).zip(still) {
-                        match ok {
-                            true => f.locals = Some(read_locals(&mem, proc, rec.frame, rec.code)),
-                            false => {
-                                f.locals_unavailable =
-                                    Some("the frame returned after its stack was taken".to_string())
-                            }
-                        }
+                    let values = later_locals(
+                        &mem,
+                        proc,
+                        true,
+                        copy.frames.iter().map(|f| (f.frame, f.code, f.instr)),
+                    );
+                    for (f, v) in out.frames.iter_mut().zip(values) {
+                        set_locals(f, Some(v));
                     }
                     out.locals_read_after_ms = Some(ms(*at, Instant::now()));
                 }

@@ -15,8 +15,8 @@ use std::fmt::Write;
 
 use profiler_common::RawFrame;
 
+use super::assemble::{later_locals, sampled_frame};
 use super::snapshot::{frame, FrameDump, Source};
-use super::userspace::frames_still_there;
 use super::window::{Sampled, MAX_ATTEMPTS};
 use crate::discovery::PythonProcess;
 use crate::memory::ProcessMemory;
@@ -187,23 +187,16 @@ pub(super) fn tasks(
         match sampled {
             Some((s, k)) => {
                 let frames = &s.frames[..=k];
-                let valid = match locals {
-                    true => frames_still_there(
-                        &mem,
-                        proc,
-                        &frames
-                            .iter()
-                            .map(|f| (f.frame, f.code, f.instr))
-                            .collect::<Vec<_>>(),
-                    ),
-                    false => Vec::new(),
-                };
+                let mut values = later_locals(
+                    &mem,
+                    proc,
+                    locals,
+                    frames.iter().map(|f| (f.frame, f.code, f.instr)),
+                )
+                .into_iter();
                 task.coroutine_stack = frames
                     .iter()
-                    .enumerate()
-                    .map(|(i, f)| {
-                        super::assemble::sampled_frame(&mem, proc, f, locals, valid.get(i).copied())
-                    })
+                    .map(|f| sampled_frame(f, values.next()))
                     .collect();
                 task.truncated = false;
                 task.source = Some(Source::Interrupt);

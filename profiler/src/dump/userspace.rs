@@ -12,13 +12,15 @@
 //! whose frames left the copied stack chunks) is a moving stack, not unreadable memory: the
 //! caller copies again, or takes the stack from the interrupt.
 
+use std::collections::HashMap;
+
 use profiler_common::{RawFrame, FRAME_HEADER_BYTES};
 
 use crate::complete::{tag_frames, ChunkCopy, StackError};
 use crate::discovery::PythonProcess;
 use crate::memory::{Fields, ProcessMemory, ReadError};
 use crate::procfs::Sched;
-use crate::python::objects::Local;
+use crate::python::objects::{code_vars, locals_from_slots, CodeVars, Local};
 use crate::python::threads::{thread_fields, ThreadFields};
 
 /// Frames shown per thread (deeper stacks are cut, and marked).
@@ -195,36 +197,99 @@ pub(super) fn leaf(
     Some((code, instr))
 }
 
-/// Which frames of a stack taken earlier (leaf first: address, code object, instruction) are
-/// still the same frames now, so that variables read from them now are their own: a frame
-/// is, when it runs the same code and every frame below it runs the same code at the same
-/// instruction (a caller waiting on a call does not move). A frame that returned since, its
-/// memory taken by another call, is not. One batched read for the whole stack.
-pub(super) fn frames_still_there(
+/// Why a frame of a stack taken earlier shows no variables.
+pub(super) const RETURNED: &str = "the frame returned after its stack was taken";
+pub(super) const CHANGED: &str = "its variables changed while they were read";
+
+/// Each frame's variables, read now for a stack taken earlier (leaf first: the frame's
+/// address, code object and instruction). A frame's are kept only when it is still the frame
+/// that was taken: it runs the same code, at the same instruction unless it is the leaf (a
+/// caller waits on its call without moving), and so does every frame below it. A frame that
+/// returned and was called again at the same place by the same callers cannot be told from
+/// the one taken: its variables are shown as they are now, which is what "read after" says.
+/// The callers' frames and variable slots are copied twice in a row, each time in one
+/// batched read, and must agree (a chain rebuilt while it was read mixes calls), and again
+/// after the values were decoded (a value freed in between would be decoded from garbage).
+/// The leaf's variables are one copy's: it runs on.
+pub(super) fn locals_after(
     mem: &ProcessMemory,
     proc: &PythonProcess,
     frames: &[(u64, u64, u64)],
-) -> Vec<bool> {
-    let k = &proc.layout.kernel;
+) -> Vec<Result<Vec<Local>, &'static str>> {
+    let layout = &proc.layout;
+    let k = &layout.kernel;
+    let mut vars: HashMap<u64, Option<CodeVars>> = HashMap::new();
+    for &(_, code, _) in frames {
+        vars.entry(code)
+            .or_insert_with(|| code_vars(mem, layout, code).ok());
+    }
+    let slots_at = layout.frame_localsplus as usize;
     let regions: Vec<(u64, usize)> = frames
         .iter()
-        .map(|&(frame, _, _)| (frame, FRAME_HEADER_BYTES))
+        .map(|&(frame, code, _)| {
+            let slots = vars
+                .get(&code)
+                .and_then(|v| v.as_ref())
+                .map_or(0, |v| v.slots_len());
+            (frame, (slots_at + slots).max(FRAME_HEADER_BYTES))
+        })
         .collect();
-    let heads = mem.read_batch(&regions).unwrap_or_default();
-    let now = |i: usize| {
-        let head = heads.get(i)?.as_ref()?;
-        let code = head.u64_at(k.frame_executable as usize)? & k.executable_mask;
-        let instr = head.u64_at(k.frame_instr_ptr as usize)?;
+    let copy = || mem.read_batch(&regions).unwrap_or_default();
+    let (first, second) = (copy(), copy());
+    let header = |bytes: &Option<Vec<u8>>| {
+        let b = bytes.as_ref()?;
+        let code = b.u64_at(k.frame_executable as usize)? & k.executable_mask;
+        let instr = b.u64_at(k.frame_instr_ptr as usize)?;
         Some((code, instr))
     };
-    let mut out = vec![false; frames.len()];
+    let mut out = vec![Err(RETURNED); frames.len()];
     // From the root up: a frame's callers must all be unchanged.
     let mut callers_unchanged = true;
     for i in (0..frames.len()).rev() {
         let (_, code, instr) = frames[i];
-        let current = now(i);
-        out[i] = callers_unchanged && current.is_some_and(|(c, _)| c == code);
-        callers_unchanged &= current == Some((code, instr));
+        let a = first.get(i).cloned().flatten();
+        let now = header(&a);
+        // A caller stands at its call: its frame and variables do not move. The leaf runs
+        // on: its instruction and variables move, so only its code must stay.
+        let (still, same) = match i {
+            0 => {
+                let code_of = |copy: &Vec<Option<Vec<u8>>>| {
+                    header(&copy.get(i).cloned().flatten()).map(|(c, _)| c)
+                };
+                let still = now.is_some_and(|(c, _)| c == code);
+                (still, still && code_of(&second) == Some(code))
+            }
+            _ => (
+                now == Some((code, instr)),
+                a.is_some() && second.get(i) == first.get(i),
+            ),
+        };
+        if callers_unchanged && still {
+            out[i] = match (same, vars.get(&code).and_then(|v| v.as_ref()), &a) {
+                (true, Some(v), Some(bytes)) => Ok(locals_from_slots(
+                    mem,
+                    layout,
+                    v,
+                    bytes.get(slots_at..).unwrap_or_default(),
+                )),
+                (true, None, _) => Err("its code object's variables could not be read"),
+                _ => Err(CHANGED),
+            };
+        }
+        callers_unchanged &= same && now == Some((code, instr));
+    }
+    // The decoded values were the frames': they are all still there.
+    let third = copy();
+    let mut unchanged = true;
+    for i in (0..frames.len()).rev() {
+        let kept = match i {
+            0 => header(&third.get(i).cloned().flatten()).map(|(c, _)| c) == Some(frames[i].1),
+            _ => third.get(i).is_some() && third.get(i) == first.get(i),
+        };
+        unchanged &= kept;
+        if !unchanged && out[i].is_ok() {
+            out[i] = Err(CHANGED);
+        }
     }
     out
 }

@@ -31,14 +31,25 @@ pub struct Local {
     pub arg: bool,
 }
 
-/// The bound variables of the frame at `frame`, running the code object at `code`, in the
-/// code's order (arguments first). Unbound ones (not yet assigned) are left out.
-pub fn frame_locals(
-    mem: &ProcessMemory,
-    layout: &PyLayout,
-    frame: u64,
-    code: u64,
-) -> Result<Vec<Local>> {
+/// A code object's variables in frame-slot order: each one's name (`None` for a
+/// comprehension's variable inlined into its caller, not the caller's own), and how many are
+/// positional arguments. Code objects do not change: read once, used for any frame running
+/// the code.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CodeVars {
+    pub names: Vec<Option<String>>,
+    pub argcount: usize,
+}
+
+impl CodeVars {
+    /// Bytes of a frame's variable slots, from `localsplus`.
+    pub fn slots_len(&self) -> usize {
+        self.names.len() * 8
+    }
+}
+
+/// The variables of the code object at `code`.
+pub fn code_vars(mem: &ProcessMemory, layout: &PyLayout, code: u64) -> Result<CodeVars> {
     let o = &layout.objects;
     let head_len = [
         o.code_argcount,
@@ -62,27 +73,59 @@ pub fn frame_locals(
         .context("co_localspluskinds")?;
     let names = tuple_items(mem, layout, names, MAX_LOCALS)?;
     let (kinds, _) = read_bytes_prefix(mem, layout, kinds, MAX_LOCALS as u64)?;
-    let n = names.len();
-    let values = mem.read_vec(frame.wrapping_add(layout.frame_localsplus as u64), n * 8)?;
-    let mut out = Vec::with_capacity(n);
-    for (i, &name) in names.iter().enumerate() {
-        if kinds.get(i).is_some_and(|k| k & CO_FAST_HIDDEN != 0) {
-            continue;
-        }
-        let Some(bits) = values.u64_at(i * 8) else {
+    let names = names
+        .iter()
+        .enumerate()
+        .map(|(i, &name)| {
+            if kinds.get(i).is_some_and(|k| k & CO_FAST_HIDDEN != 0) {
+                return None;
+            }
+            Some(read_str(mem, layout, name).unwrap_or_else(|_| format!("<local {i}>")))
+        })
+        .collect();
+    Ok(CodeVars { names, argcount })
+}
+
+/// The bound variables (unbound ones, not yet assigned, are left out) given a copy of a
+/// frame's variable slots, in the code's order (arguments first).
+pub fn locals_from_slots(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    vars: &CodeVars,
+    slots: &[u8],
+) -> Vec<Local> {
+    let mut out = Vec::with_capacity(vars.names.len());
+    for (i, name) in vars.names.iter().enumerate() {
+        let Some(name) = name else { continue };
+        let Some(bits) = slots.u64_at(i * 8) else {
             break;
         };
         let Some(value) = stack_ref_repr(mem, layout, bits) else {
             continue;
         };
-        let name = read_str(mem, layout, name).unwrap_or_else(|_| format!("<local {i}>"));
         out.push(Local {
-            name,
+            name: name.clone(),
             value,
-            arg: i < argcount,
+            arg: i < vars.argcount,
         });
     }
-    Ok(out)
+    out
+}
+
+/// The bound variables of the frame at `frame`, running the code object at `code`, in the
+/// code's order (arguments first). Unbound ones (not yet assigned) are left out.
+pub fn frame_locals(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    frame: u64,
+    code: u64,
+) -> Result<Vec<Local>> {
+    let vars = code_vars(mem, layout, code)?;
+    let slots = mem.read_vec(
+        frame.wrapping_add(layout.frame_localsplus as u64),
+        vars.slots_len(),
+    )?;
+    Ok(locals_from_slots(mem, layout, &vars, &slots))
 }
 
 /// Repr of a frame slot (a `PyObject *`, or a `_PyStackRef` whose tag bits the layout's
