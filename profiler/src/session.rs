@@ -88,13 +88,29 @@ impl Session {
         subsample: u32,
         native: Option<NativeOptions>,
     ) -> Result<Session> {
+        Self::start_with(rate_hz, debug, subsample, native, true)
+    }
+
+    /// [`Session::start`] for a run that lasts milliseconds (`dump`'s window): no exec/exit
+    /// hooks (see [`Sampler::start_with`]).
+    pub(crate) fn start_brief(rate_hz: u64, native: Option<NativeOptions>) -> Result<Session> {
+        Self::start_with(rate_hz, DebugBpf::OFF, 1, native, false)
+    }
+
+    fn start_with(
+        rate_hz: u64,
+        debug: DebugBpf,
+        subsample: u32,
+        native: Option<NativeOptions>,
+        lifecycle: bool,
+    ) -> Result<Session> {
         let stack_copy = native.map_or(DEFAULT_STACK_COPY, |n| n.stack_bytes);
         let mut resolver = Resolver::default();
         if native.is_some() {
             resolver.enable_native();
         }
         Ok(Session {
-            sampler: Sampler::start_with(rate_hz, debug, subsample, stack_copy)?,
+            sampler: Sampler::start_with(rate_hz, debug, subsample, stack_copy, lifecycle)?,
             native,
             elves: ElfCache::default(),
             registry: Registry::default(),

@@ -44,6 +44,14 @@ enum Cmd {
     Run(run::RunArgs),
     /// Overhead and accuracy of pyebpf vs py-spy and Tachyon; writes BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// `dump` of a busy process: whole stacks and time per dump, beside py-spy dump.
+    ///
+    /// Runs tests/workloads/dump_busy.py (CPU-bound, its stack changing tens of thousands of
+    /// times a second) under each interpreter and takes --dumps dumps with `pyebpf dump`,
+    /// `py-spy dump` and `py-spy dump --nonblocking` in turn; counts the dumps whose main
+    /// thread's stack is whole and right, their wall time, and the target's speed meanwhile.
+    /// Writes target/bench/dump.json and BENCHMARKS.md's dump section.
+    BenchDump(bench::dump::BenchDumpArgs),
     /// Fuzz the parsers of data read from other processes (cargo-fuzz, libFuzzer).
     ///
     /// Runs each target in fuzz/ (or TARGET) for --seconds (or --runs inputs) with low memory
@@ -85,6 +93,7 @@ fn main() {
         Cmd::Fuzz(args) => fuzz::fuzz(&args),
         Cmd::Build => run::build_release().map(|_| ()),
         Cmd::Bench(args) => bench::bench(&args),
+        Cmd::BenchDump(args) => bench::dump::bench_dump(&args),
         Cmd::VmTest(args) => vm::vm_test(&args),
         Cmd::VmGuest(args) => vm::guest::guest(&args),
         Cmd::Run(args) => match run::run(&args) {

@@ -104,19 +104,22 @@ pub(crate) struct Sampler {
 impl Sampler {
     /// Loads the programs and starts sampling every CPU at `rate_hz`.
     pub(crate) fn start(rate_hz: u64) -> Result<Sampler> {
-        Self::start_with(rate_hz, DebugBpf::OFF, 1, DEFAULT_STACK_COPY)
+        Self::start_with(rate_hz, DebugBpf::OFF, 1, DEFAULT_STACK_COPY, true)
     }
 
     /// [`Sampler::start`], with BPF-side diagnostics logged through aya-log (`debug`), and
     /// with perf events `subsample` times faster of which one in `subsample`, at random, is
     /// kept (see the kernel's `SUBSAMPLE`): samples at random intervals averaging
     /// 1/`rate_hz`. Processes registered in stack-copy mode have `stack_copy` bytes of their
-    /// user stack copied with each sample.
+    /// user stack copied with each sample. Without `lifecycle` the exec/exit hooks are not
+    /// attached (and the kernel's BTF is parsed once, not twice): for runs too short to see a
+    /// process come or go (`dump`'s window), which then start in about half the time.
     pub(crate) fn start_with(
         rate_hz: u64,
         debug: DebugBpf,
         subsample: u32,
         stack_copy: u32,
+        lifecycle: bool,
     ) -> Result<Sampler> {
         let subsample = subsample.max(1);
         let stack_copy = stack_copy.clamp(1024, profiler_common::MAX_STACK_COPY as u32) & !7;
@@ -134,7 +137,14 @@ impl Sampler {
         })?;
         let btf = Btf::parse(&vmlinux, aya::Endianness::default())
             .map_err(|e| anyhow::anyhow!("parsing {}: {e}", kernel_btf::VMLINUX))?;
-        let offsets = kernel_btf::ExitOffsets::from_bytes(&vmlinux)?;
+        let offsets = match lifecycle {
+            true => kernel_btf::ExitOffsets::from_bytes(&vmlinux)?,
+            // 0: "unknown" to the exit hook, which is not attached anyway.
+            false => kernel_btf::ExitOffsets {
+                task_signal: 0,
+                signal_live: 0,
+            },
+        };
         let mut loader = EbpfLoader::new();
         loader
             .btf(Some(&btf))
@@ -181,7 +191,9 @@ impl Sampler {
                 )
                 .with_context(|| format!("attaching the sampler to CPU {cpu}"))?;
         }
-        attach_lifecycle(&mut ebpf, &btf)?;
+        if lifecycle {
+            attach_lifecycle(&mut ebpf, &btf)?;
+        }
         let procs = BpfHashMap::try_from(ebpf.take_map("PROCS").context("map PROCS")?)?;
         let threads = BpfHashMap::try_from(ebpf.take_map("THREADS").context("map THREADS")?)?;
         let proc_events =

@@ -200,7 +200,7 @@ fn start_sampler(
     native: Option<crate::native::NativeOptions>,
     asyncio: bool,
 ) -> Result<Session> {
-    let mut session = Session::start(WINDOW_RATE_HZ, Default::default(), 1, native)?;
+    let mut session = Session::start_brief(WINDOW_RATE_HZ, native)?;
     session.want_gil();
     // Only where there are tasks to capture: for an older interpreter the session would say
     // (again) that it has none.

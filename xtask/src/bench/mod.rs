@@ -17,6 +17,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result};
 use clap::Args;
 
+pub mod dump;
 mod proc_;
 mod report;
 mod run;
@@ -379,7 +380,7 @@ fn prepare(args: &BenchArgs) -> Result<Env> {
     })
 }
 
-fn find_host_python() -> Option<PathBuf> {
+pub(crate) fn find_host_python() -> Option<PathBuf> {
     let pyenv = std::env::var_os("PYENV_ROOT")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
@@ -407,7 +408,7 @@ fn find_host_python() -> Option<PathBuf> {
 }
 
 /// py-spy from PyPI in a private venv under target/bench.
-fn install_py_spy(python: &Path) -> Result<PathBuf> {
+pub(crate) fn install_py_spy(python: &Path) -> Result<PathBuf> {
     let venv = util::target_dir().join("bench/venv");
     let bin = venv.join("bin/py-spy");
     if util::probe_stdout(Command::new(&bin).arg("--version")).is_some_and(|v| v.contains("0.4.3"))
