@@ -175,6 +175,36 @@ impl Fields for [u8] {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regions read in one batch: each whole, and an unreadable one in the middle (the call
+    /// stops there) costs only itself; more regions than one call carries take more calls.
+    #[test]
+    fn batched_reads_skip_what_cannot_be_read() {
+        let data: Vec<u64> = (0..2048).collect();
+        let base = data.as_ptr() as u64;
+        let mem = ProcessMemory::new(std::process::id());
+        let regions = [(base, 16), (8, 8), (base + 64, 8), (base + 8 * 2047, 8)];
+        let got = mem.read_batch(&regions).unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0].as_deref().and_then(|b| b.u64_at(8)), Some(1));
+        assert_eq!(got[1], None);
+        assert_eq!(got[2].as_deref().and_then(|b| b.u64_at(0)), Some(8));
+        assert_eq!(got[3].as_deref().and_then(|b| b.u64_at(0)), Some(2047));
+        let many: Vec<(u64, usize)> = (0..2048).map(|i| (base + 8 * i, 8)).collect();
+        let got = mem.read_batch(&many).unwrap();
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b.as_deref().and_then(|b| b.u64_at(0)) == Some(i as u64)));
+        assert!(ProcessMemory::new(u32::MAX >> 1)
+            .read_batch(&regions)
+            .is_err());
+    }
+}
+
 /// Hostile memory for the readers' tests: everything that reads another process must survive
 /// any bytes it finds there (a target can free, reuse or scribble over memory between the
 /// kernel's sample and userspace's read). The tests beside each reader point it at memory of

@@ -316,11 +316,11 @@ mod tests {
             })
         );
         assert_eq!(parse_sched("State:\tR (running)\n"), None);
-        let me = std::process::id();
-        let now = sched(me, me).expect("this thread's status");
+        let (me, tid) = (std::process::id(), nix::unistd::gettid().as_raw() as u32);
+        let now = sched(me, tid).expect("this thread's status");
         assert!(now.runnable(), "this thread runs: {now:?}");
-        let start = thread_start(me, me).expect("this thread's start");
-        assert_eq!(thread_start(me, me), Some(start));
+        let start = thread_start(me, tid).expect("this thread's start");
+        assert_eq!(thread_start(me, tid), Some(start));
     }
 
     #[test]

@@ -405,3 +405,41 @@ pub(super) fn run_unsampled(capture: &mut Capture, window: Duration) {
         std::thread::sleep(STEP);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread(attempts: u32, moved: u32, runnable: bool, error: Option<&str>) -> ThreadCapture {
+        ThreadCapture {
+            tstate: 0x1000,
+            tid: 7,
+            ns_tid: None,
+            attempts,
+            moved,
+            failures: 0,
+            runnable,
+            taken: None,
+            unchecked: None,
+            last_error: error.map(str::to_string),
+        }
+    }
+
+    /// A stack that cannot be had says why in words, with the copies tried.
+    #[test]
+    fn unavailable_stacks_say_why() {
+        let window = Duration::from_millis(100);
+        let t = thread(16, 16, true, Some("reading 96 bytes at 0x1: EFAULT"));
+        assert_eq!(
+            unavailable(&t, window, true),
+            "it was runnable during the 100 ms window but never sampled on a CPU, and its \
+             frames moved in each of 16 copies made from memory, 16 of them while it ran \
+             (last: reading 96 bytes at 0x1: EFAULT)"
+        );
+        assert_eq!(
+            unavailable(&thread(1, 1, false, None), window, false),
+            "its frames moved in each of 1 copy made from memory, 1 of them while it ran, and \
+             without the BPF sampler a running thread cannot be caught on its CPU"
+        );
+    }
+}

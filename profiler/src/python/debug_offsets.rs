@@ -1040,6 +1040,30 @@ mod tests {
         assert_eq!((o.suspended_yield_from, o.yield_from_slot), (2, 2));
     }
 
+    /// What finding `threading` thread names reads: `sys.modules` and the type flags from the
+    /// struct, and from 3.15 the type sizes and shared keys too (the facts of 3.13 and 3.14
+    /// say the same for those builds; `ht_cached_keys` moved in 3.15, as measured in sid's
+    /// 3.13.18, 3.14.10 and 3.15.2).
+    #[test]
+    fn attribute_layouts_from_the_struct_and_the_facts() {
+        for (words, modules, cached_keys) in [
+            (SID_3_13_18, 7656, 880),
+            (SID_3_14_10, 7688, 880),
+            (SID_3_15_2, 7592, 888),
+        ] {
+            let l = parse(&real(words)).unwrap();
+            let a = l.attrs;
+            assert_eq!(a.interp_modules, modules, "{}", l.version);
+            assert_eq!(a.heap_type_cached_keys, cached_keys, "{}", l.version);
+            assert_eq!((a.type_flags, a.type_basicsize), (168, 32), "{}", l.version);
+            assert_eq!((a.inline_values_flag, a.managed_dict), (1 << 2, -24));
+            assert_eq!(
+                (l.dict.ma_keys, l.dict.ma_values, l.dict.values_items),
+                (32, 40, 8)
+            );
+        }
+    }
+
     #[test]
     fn real_structs() {
         for (words, shape) in [

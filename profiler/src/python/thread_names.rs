@@ -276,3 +276,45 @@ pub(crate) fn os_name(pid: u32, tid: u32) -> String {
         .map(|n| n.trim_end_matches('\n').to_string())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::test_support::{hostile_process, layouts, Arena};
+
+    #[test]
+    fn thread_names_survive_hostile_memory() {
+        let mut rng = fastrand::Rng::with_seed(29);
+        let mut arena = Arena::new();
+        let mut names = ProcessNames::default();
+        for layout in layouts() {
+            for _ in 0..200 {
+                arena.scramble(&mut rng);
+                let proc = hostile_process(arena.word(&mut rng), layout);
+                let mem = ProcessMemory::new(proc.pid);
+                let _ = names.read(&mem, &layout, arena.word(&mut rng));
+                let _ = process_thread_names(&proc, &mut names);
+            }
+        }
+    }
+
+    /// A name is read again only for a thread that started after it was cached (a reused
+    /// tid); the OS name stands in where `threading` has none.
+    #[test]
+    fn names_are_cached_per_thread_start() {
+        let me = std::process::id();
+        let proc = hostile_process(0, layouts()[0]);
+        let mut names = ThreadNames::default();
+        let first = names.name(&proc, me);
+        assert_eq!(&*first, os_name(me, me));
+        assert_eq!((names.stats.reads, names.stats.os), (1, 1));
+        assert_eq!(names.name(&proc, me), first);
+        assert_eq!(names.stats.os, 1, "a second lookup is a cache hit");
+        names.names.insert((me, me), (Some(0), "stale".into()));
+        assert_eq!(
+            &*names.name(&proc, me),
+            os_name(me, me),
+            "a reused tid is named again"
+        );
+    }
+}
