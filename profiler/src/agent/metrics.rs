@@ -41,6 +41,7 @@ pub(crate) struct Snapshot {
     pub push: Option<PushStats>,
     pub pull_served: u64,
     pub pull_refused: u64,
+    pub identity: crate::identity::IdentityStats,
 }
 
 pub(crate) struct Metrics {
@@ -61,6 +62,9 @@ pub(crate) struct Metrics {
     queue: Gauge,
     queue_bytes: Gauge,
     pulls: Family<Labels, Counter>,
+    identity_missing: Family<Labels, Counter>,
+    identity_containers: Counter,
+    identity_cache_resets: Counter,
 }
 
 impl Default for Metrics {
@@ -83,6 +87,9 @@ impl Default for Metrics {
             queue: Gauge::default(),
             queue_bytes: Gauge::default(),
             pulls: Family::default(),
+            identity_missing: Family::default(),
+            identity_containers: Counter::default(),
+            identity_cache_resets: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("samples", "Python stacks sampled", m.samples.clone());
@@ -160,6 +167,21 @@ impl Default for Metrics {
             "pull_profiles",
             "/debug/pprof/profile requests, by result: served, refused",
             m.pulls.clone(),
+        );
+        registry.register(
+            "identity_sources_missing",
+            "Identity sources that gave nothing, so their labels were left out, by source and reason: cgroup unreadable (per process); bundle not_found, unreadable, too_large, malformed and service_account unreadable (per container)",
+            m.identity_missing.clone(),
+        );
+        registry.register(
+            "identity_containers",
+            "Containers whose identity (runtime, pod) was looked up, each once",
+            m.identity_containers.clone(),
+        );
+        registry.register(
+            "identity_cache_resets",
+            "Times the container identity cache was full and started over",
+            m.identity_cache_resets.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -250,6 +272,16 @@ impl Metrics {
             &self.pulls.get_or_create(&vec![("result", "refused")]),
             snapshot.pull_refused,
         );
+        for (source, reason, n) in snapshot.identity.missing() {
+            raise(
+                &self
+                    .identity_missing
+                    .get_or_create(&vec![("source", source), ("reason", reason)]),
+                n,
+            );
+        }
+        raise(&self.identity_containers, snapshot.identity.containers);
+        raise(&self.identity_cache_resets, snapshot.identity.cache_resets);
         let mut text = String::new();
         // Encoding into a String cannot fail.
         let _ = encode(&mut text, &self.registry);
@@ -328,5 +360,16 @@ mod tests {
         assert_eq!(value(&text, "pyebpf_samples_total "), 25.0);
         assert_eq!(value(&text, "pyebpf_processes "), 1.0);
         assert!(!text.contains("backend=\"pyroscope\""));
+        s.identity.bundle_not_found = 2;
+        s.identity.containers = 3;
+        let text = m.render(&s);
+        assert_eq!(
+            value(
+                &text,
+                "pyebpf_identity_sources_missing_total{source=\"bundle\",reason=\"not_found\"} "
+            ),
+            2.0
+        );
+        assert_eq!(value(&text, "pyebpf_identity_containers_total "), 3.0);
     }
 }

@@ -2,10 +2,8 @@
 //! series it is pushed to.
 //!
 //! A service is what [`crate::identity`] named the process (or an operator's `service_name`
-//! label). Its series carries `__name__`, `service_name`, `hostname`, `python_version` and the
-//! operator's labels, and also `pid`, `comm` and `container_id` when every process of the
-//! window agrees on them (one process, or one container): a pool of gunicorn workers is one
-//! series, not one per worker, while its samples keep `pid` and `tid` as pprof labels.
+//! label). Its series' labels are [`identity::series_labels`]: a pool of gunicorn workers is
+//! one series, not one per worker, while its samples keep `pid` and `tid` as pprof labels.
 //!
 //! Bounds: at most [`MAX_SERVICES`] services per window (samples of others are counted in
 //! [`Windows::services_over_limit`] and left out), and at most [`MAX_WINDOW_STACKS`] distinct
@@ -20,7 +18,7 @@ use prost::Message;
 use crate::aggregate::stacks::Aggregator;
 use crate::aggregate::{Profile, Timing};
 use crate::discovery::PythonProcess;
-use crate::identity::{OperatorLabels, ProcessLabels, PROFILE_NAME};
+use crate::identity::{self, OperatorLabels, ProcessLabels};
 use crate::output::pprof;
 use crate::proto::push::v1 as push;
 use crate::proto::types::v1 as types;
@@ -206,42 +204,18 @@ impl Windows {
         cuts
     }
 
-    /// `__name__` and `service_name` first, then the rest by name; an operator's label wins.
+    /// The labels of `service`'s series (see [`identity::series_labels`]).
     fn series_labels<'a>(
         &self,
         service: &str,
         processes: impl Iterator<Item = &'a Arc<ProcessLabels>> + Clone,
     ) -> Vec<(String, String)> {
-        let mut labels = BTreeMap::new();
-        let mut set = |name: &str, value: Option<String>| {
-            if let Some(value) = value.filter(|v| !v.is_empty()) {
-                labels.insert(name.to_string(), value);
-            }
-        };
-        set("hostname", Some(self.hostname.clone()));
-        set(
-            "pid",
-            common(processes.clone(), |p| Some(p.pid.to_string())),
-        );
-        set("comm", common(processes.clone(), |p| Some(p.comm.clone())));
-        set(
-            "python_version",
-            common(processes.clone(), |p| Some(p.python_version.clone())),
-        );
-        set(
-            "container_id",
-            common(processes, |p| p.container_id.clone()),
-        );
-        for (name, value) in self.operator.iter() {
-            set(name, Some(value.to_string()));
-        }
-        labels.remove("service_name");
-        let mut series = vec![
-            ("__name__".to_string(), PROFILE_NAME.to_string()),
-            ("service_name".to_string(), service.to_string()),
-        ];
-        series.extend(labels);
-        series
+        identity::series_labels(
+            service,
+            &self.hostname,
+            &self.operator,
+            processes.map(|p| p.as_ref()),
+        )
     }
 }
 
@@ -250,17 +224,6 @@ pub(crate) fn service_of<'a>(operator: &'a OperatorLabels, process: &'a PythonPr
     operator
         .get("service_name")
         .unwrap_or(&process.identity.service_name)
-}
-
-/// The value every process agrees on; `None` if they differ or one has none.
-fn common<'a>(
-    mut processes: impl Iterator<Item = &'a Arc<ProcessLabels>>,
-    value: impl Fn(&ProcessLabels) -> Option<String>,
-) -> Option<String> {
-    let first = value(processes.next()?)?;
-    processes
-        .all(|p| value(p).as_ref() == Some(&first))
-        .then_some(first)
 }
 
 #[cfg(test)]
@@ -275,6 +238,8 @@ mod tests {
             service_name: "svc".into(),
             service_source: ServiceSource::Program,
             container_id: container.map(Into::into),
+            container_runtime: None,
+            kubernetes: Default::default(),
             python_version: "3.12".into(),
         })
     }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
 
-use super::labels::{process_labels, Label, LabelSetId};
+use super::labels::{Label, LabelSetId};
 use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
 use crate::discovery::PythonProcess;
 use crate::resolve::Mixed;
@@ -293,4 +293,10 @@ fn bounded_insert<V>(cache: &mut FxHashMap<(u32, u32), V>, key: (u32, u32), valu
         cache.clear();
     }
     cache.insert(key, value);
+}
+
+/// What every sample of `process` carries besides pid, tid and thread name (see
+/// [`crate::identity::sample_labels`]).
+fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
+    crate::identity::sample_labels(&process.command, &process.identity)
 }
