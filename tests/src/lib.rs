@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod browser;
+pub mod daemonset;
 pub mod pprof;
 
 /// Default location of the Debian sid root holding CPython 3.13–3.15 (`cargo xtask sidroot`).

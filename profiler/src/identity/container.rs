@@ -104,7 +104,10 @@ pub fn parse_cgroup(text: &str) -> Cgroup {
             let (id, runtime) = container_component(components[i])?;
             // `/docker/<id>`: the directory above names the runtime.
             let parent = i.checked_sub(1).map(|p| components[p]);
-            Some((id, runtime.or((parent == Some("docker")).then_some(Runtime::Docker))))
+            Some((
+                id,
+                runtime.or((parent == Some("docker")).then_some(Runtime::Docker)),
+            ))
         });
         if let Some((id, runtime)) = innermost {
             found.container_id = Some(id);
