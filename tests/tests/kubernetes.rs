@@ -228,7 +228,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// Samples of `pid` in `raw`, with their labels, and their count.
-fn samples_of<'a>(raw: &'a Raw, pid: u32) -> (Vec<&'a BTreeMap<String, String>>, i64) {
+fn samples_of(raw: &Raw, pid: u32) -> (Vec<&BTreeMap<String, String>>, i64) {
     let pid = pid.to_string();
     let of: Vec<_> = raw
         .samples

@@ -117,13 +117,27 @@ pub fn build(bin: &Path, tag: &str, mirror: Option<&str>) -> Result<u64> {
     )
     .context("stripping the binary (binutils' strip)")?;
     let containerfile = util::workspace_root().join("packaging/Containerfile");
+    let previous = image_id(tag);
+    // One layer per build, not one image per step: nothing here is worth caching but the base.
     util::run(
         Command::new("podman")
-            .args(["build", "--pull=never", "--tag", tag, "--file"])
+            .args([
+                "build",
+                "--pull=never",
+                "--layers=false",
+                "--tag",
+                tag,
+                "--file",
+            ])
             .arg(&containerfile)
             .arg(&context),
     )
     .context("podman build failed (errors above)")?;
+    // The image this one replaced would stay behind untagged, one per build; a container
+    // still using it keeps it.
+    if let Some(old) = previous.filter(|old| image_id(tag).as_ref() != Some(old)) {
+        let _ = util::probe(Command::new("podman").args(["rmi", &old]));
+    }
     let size = probe_stdout(Command::new("podman").args([
         "image",
         "inspect",
@@ -135,6 +149,11 @@ pub fn build(bin: &Path, tag: &str, mirror: Option<&str>) -> Result<u64> {
     .context("podman image inspect gave no size")?;
     let _ = std::fs::remove_dir_all(&context);
     Ok(size)
+}
+
+/// The id of the image `tag`, if podman has it.
+fn image_id(tag: &str) -> Option<String> {
+    probe_stdout(Command::new("podman").args(["image", "inspect", "--format", "{{.Id}}", tag]))
 }
 
 /// The cached base: a tarball of the Debian release this machine runs (the binary links its
