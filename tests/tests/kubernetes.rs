@@ -202,7 +202,7 @@ fn annotated_container(tag: &str) -> Running {
         "python3.14",
         "/work/in_pod.py",
     ]);
-    let running = Running::start(&format!("pyebpf-test-{}-{tag}", std::process::id()), cmd);
+    let running = Running::start(&name, cmd);
     running.wait_for("ready", Duration::from_secs(60));
     running
 }
@@ -225,6 +225,22 @@ fn cpu_seconds(pid: u32) -> f64 {
         .collect();
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
     ticks / 100.0
+}
+
+/// CPU seconds `pids` got while `sampled` seconds of sampling ran within `f`: the CPU they had
+/// over all of `f` (start-up included, which can take seconds on a loaded machine), scaled to
+/// the sampled part.
+fn cpu_while<T>(pids: &[u32], sampled: f64, f: impl FnOnce() -> T) -> (T, Vec<f64>) {
+    let before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+    let start = Instant::now();
+    let result = f();
+    let wall = start.elapsed().as_secs_f64().max(sampled);
+    let cpu = pids
+        .iter()
+        .zip(before)
+        .map(|(&p, b)| (cpu_seconds(p) - b) * sampled / wall)
+        .collect();
+    (result, cpu)
 }
 
 /// Samples of `pid` in `raw`, with their labels, and their count.
@@ -297,14 +313,14 @@ fn annotated_container_names_its_pod_on_its_samples_only() {
     assert_eq!(id.len(), 64, "podman's id: {id}");
     let out = temp_path("k8s-record", "pb.gz");
     let rate = 99.0;
-    let (c0, h0) = (cpu_seconds(cpid), cpu_seconds(host.pid()));
-    let recorded = Command::new(pyebpf_bin())
-        .args(["record", "-f", "pprof", "-r", "99", "-d", "3", "-o"])
-        .arg(&out)
-        .args(["-p", &cpid.to_string(), "-p", &host.pid().to_string()])
-        .output()
-        .expect("running pyebpf record");
-    let (c1, h1) = (cpu_seconds(cpid), cpu_seconds(host.pid()));
+    let (recorded, cpu) = cpu_while(&[cpid, host.pid()], 3.0, || {
+        Command::new(pyebpf_bin())
+            .args(["record", "-f", "pprof", "-r", "99", "-d", "3", "-o"])
+            .arg(&out)
+            .args(["-p", &cpid.to_string(), "-p", &host.pid().to_string()])
+            .output()
+            .expect("running pyebpf record")
+    });
     assert!(
         recorded.status.success(),
         "pyebpf record: {}",
@@ -314,8 +330,8 @@ fn annotated_container_names_its_pod_on_its_samples_only() {
     let _ = std::fs::remove_file(&out);
     check_labels(
         &raw,
-        (cpid, &id, c1 - c0),
-        (host.pid(), h1 - h0),
+        (cpid, &id, cpu[0]),
+        (host.pid(), cpu[1]),
         rate,
         "record -f pprof",
     );
@@ -389,14 +405,14 @@ fn the_image_runs_as_the_daemonset_runs_it() {
     // A scraper's pull, as Parca or Alloy would fetch it, in the pod's network namespace.
     let seconds = 5.0;
     let url = format!("http://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}");
-    let (c0, h0) = (cpu_seconds(cpid), cpu_seconds(host.pid()));
-    let raw = Pprof::in_netns(format!("/proc/{apid}/ns/net")).raw(Path::new(&url));
-    let (c1, h1) = (cpu_seconds(cpid), cpu_seconds(host.pid()));
+    let (raw, cpu) = cpu_while(&[cpid, host.pid()], seconds, || {
+        Pprof::in_netns(format!("/proc/{apid}/ns/net")).raw(Path::new(&url))
+    });
     // The agent samples at 19 Hz on average (one CPU-clock tick in four at 76 Hz).
     check_labels(
         &raw,
-        (cpid, &id, c1 - c0),
-        (host.pid(), h1 - h0),
+        (cpid, &id, cpu[0]),
+        (host.pid(), cpu[1]),
         19.0,
         "the DaemonSet's image, /debug/pprof/profile",
     );
@@ -490,14 +506,15 @@ fn a_cgroup_v2_kubepods_path_gives_pod_uid_and_container_id() {
 
     let found = profiler::identity::resolve(pid, "3.11").unwrap();
     let out = temp_path("k8s-cgroup2", "pb.gz");
-    let c0 = cpu_seconds(pid);
-    let recorded = Command::new(pyebpf_bin())
-        .args(["record", "-f", "pprof", "-r", "99", "-d", "2", "-o"])
-        .arg(&out)
-        .args(["-p", &pid.to_string()])
-        .output()
-        .expect("running pyebpf record");
-    let cpu = cpu_seconds(pid) - c0;
+    let (recorded, cpu) = cpu_while(&[pid], 2.0, || {
+        Command::new(pyebpf_bin())
+            .args(["record", "-f", "pprof", "-r", "99", "-d", "2", "-o"])
+            .arg(&out)
+            .args(["-p", &pid.to_string()])
+            .output()
+            .expect("running pyebpf record")
+    });
+    let cpu = cpu[0];
     drop(workload);
     // The process is gone: its cgroups can go, innermost first (a parent another run still
     // uses stays).
