@@ -1,7 +1,8 @@
 //! `pyebpf agent`: continuous, system-wide profiling for a fleet. A sink on the one driver.
 //!
 //! - [`window`]: every `--interval`, one pprof profile per service, labelled for its series.
-//! - [`push`]: those profiles to Grafana Pyroscope through a bounded, retrying queue.
+//! - [`export`]: those profiles to the backends (Grafana Pyroscope, an OpenTelemetry
+//!   Collector), each through its own bounded, retrying queue.
 //! - [`server`]: `/debug/pprof/profile` (pull: Parca, Alloy, `go tool pprof`), `/metrics`
 //!   ([`metrics`]) and `/healthz`, answered by the sampling loop itself.
 //!
@@ -9,8 +10,18 @@
 //! kernel's ring buffer once a second, and does nothing per sample but aggregate; profiles are
 //! encoded once per interval. BENCHMARKS.md has the measured CPU and memory.
 
+pub(crate) mod export;
 pub(crate) mod metrics;
-pub mod push;
+
+/// The Pyroscope push under the names it had before the exporters shared one queue
+/// (`profiler/tests/agent_push.rs` drives it over real HTTP).
+pub mod push {
+    pub use super::export::pyroscope::{PushTarget, TargetError};
+    pub use super::export::queue::{
+        AttemptErrors, Backoff, ExportQueue as Pusher, ExportStats as PushStats, Leftover,
+        QueueConfig as PushConfig, Queued,
+    };
+}
 pub(crate) mod server;
 pub(crate) mod window;
 
@@ -25,7 +36,9 @@ use crate::driver::{self, Flow, Options, Scope, Sink};
 use crate::identity::{self, OperatorLabels};
 use crate::session::{Resolved, Session};
 use crate::UsageError;
-use push::{PushConfig, PushTarget, Pusher};
+use export::pyroscope::{PushTarget, Pyroscope};
+use export::queue::QueueConfig;
+use export::Export;
 use server::{Filter, Request};
 use window::{Window, Windows};
 
@@ -93,19 +106,20 @@ async fn agent(
         }
         None => None,
     };
-    let pusher = match target {
-        Some(target) => {
-            let pusher =
-                Pusher::new(target, PushConfig::default()).context("starting the push thread")?;
-            eprintln!(
-                "pyebpf agent: pushing every {}s to {}",
-                args.interval,
-                pusher.endpoint()
-            );
-            Some(pusher)
-        }
-        None => None,
-    };
+    let mut exports = Vec::new();
+    if let Some(target) = target {
+        exports.push(
+            Export::start(Box::new(Pyroscope), target.http(), QueueConfig::default())
+                .context("starting the Pyroscope export thread")?,
+        );
+    }
+    for export in &exports {
+        eprintln!(
+            "pyebpf agent: pushing every {}s to {}",
+            args.interval,
+            export.endpoint()
+        );
+    }
     let options = Options {
         scope: Scope::Host,
         rate_hz: args.rate,
@@ -128,11 +142,9 @@ async fn agent(
     let mut sink = Agent {
         rate_hz: args.rate,
         interval: Duration::from_secs_f64(args.interval),
-        windows: pusher
-            .is_some()
-            .then(|| Windows::new(hostname, operator.clone())),
+        windows: (!exports.is_empty()).then(|| Windows::new(hostname, operator.clone())),
         operator,
-        pusher,
+        exports,
         pulls: Vec::new(),
         requests,
         metrics: metrics::Metrics::default(),
@@ -149,28 +161,32 @@ async fn agent(
         // Let the server write those answers.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if let Some(pusher) = &sink.pusher {
-        let left = pusher.flush(Instant::now() + Duration::from_secs_f64(args.flush_timeout));
+    // The exporters flush side by side: each has its own thread, all share one deadline.
+    let deadline = Instant::now() + Duration::from_secs_f64(args.flush_timeout);
+    let mut pushed = Vec::new();
+    for export in &sink.exports {
+        let left = export.flush(deadline);
         if left.requests > 0 {
             eprintln!(
-                "pyebpf agent: {} profiles ({} bytes) could not be pushed before the {}s flush timeout",
-                left.requests, left.bytes, args.flush_timeout
+                "pyebpf agent: {} profiles ({} bytes) could not be pushed to {} before the {}s flush timeout",
+                left.requests, left.bytes, export.name(), args.flush_timeout
             );
         }
-        let st = pusher.stats();
-        eprintln!(
-            "pyebpf agent: stopped ({stop:?}); {} samples, {} profiles pushed, {} failed, {} dropped",
-            session.stats().samples,
+        let st = export.stats().queue;
+        pushed.push(format!(
+            "{}: {} requests pushed, {} failed, {} dropped",
+            export.name(),
             st.ok,
             st.failed_rejected + st.failed_exhausted,
             st.dropped_queue_full + st.dropped_too_large
-        );
-    } else {
-        eprintln!(
-            "pyebpf agent: stopped ({stop:?}); {} samples",
-            session.stats().samples
-        );
+        ));
     }
+    eprintln!(
+        "pyebpf agent: stopped ({stop:?}); {} samples{}{}",
+        session.stats().samples,
+        if pushed.is_empty() { "" } else { "; " },
+        pushed.join("; ")
+    );
     drop(bpf_stats);
     Ok(0)
 }
@@ -189,10 +205,10 @@ struct Pull {
 struct Agent {
     rate_hz: u64,
     interval: Duration,
-    /// Only with a push target: without one, nobody would read them.
+    /// Only with an exporter: without one, nobody would read them.
     windows: Option<Windows>,
     operator: OperatorLabels,
-    pusher: Option<Pusher>,
+    exports: Vec<Export>,
     pulls: Vec<Pull>,
     requests: Option<mpsc::UnboundedReceiver<Request>>,
     metrics: metrics::Metrics,
@@ -202,14 +218,17 @@ struct Agent {
 }
 
 impl Agent {
-    /// Cuts every service's window and queues it for push.
+    /// Cuts every service's window and hands it to every exporter.
     fn cut_windows(&mut self) {
-        let (Some(windows), Some(pusher)) = (self.windows.as_mut(), self.pusher.as_ref()) else {
+        let Some(windows) = self.windows.as_mut() else {
             return;
         };
-        for cut in windows.cut(self.rate_hz) {
-            let summary = format!("{} ({} samples)", cut.service, cut.samples);
-            pusher.push(cut.push_request(), summary);
+        let cuts = windows.cut(self.rate_hz);
+        if cuts.is_empty() {
+            return;
+        }
+        for export in &mut self.exports {
+            export.export(&cuts);
         }
     }
 
@@ -225,9 +244,9 @@ impl Agent {
             if pull.reply.is_closed() {
                 continue;
             }
-            let (pprof, _) =
-                pull.window
-                    .pprof(pull.started, pull.started_at.elapsed(), self.rate_hz);
+            let pprof = pull
+                .window
+                .pprof(pull.started, pull.started_at.elapsed(), self.rate_hz);
             if pull.reply.send(Ok(pprof)).is_ok() {
                 self.pull_served += 1;
             }
@@ -267,7 +286,7 @@ impl Agent {
                 .bpf_stats
                 .then(|| session.program_runtime().0 as f64 / 1e9),
             resident_bytes: metrics::own_rss(),
-            push: self.pusher.as_ref().map(Pusher::stats),
+            exports: self.exports.iter().map(Export::stats).collect(),
             pull_served: self.pull_served,
             pull_refused: self.pull_refused,
         }
