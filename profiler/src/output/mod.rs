@@ -85,6 +85,7 @@ pub(crate) mod test_support {
             file: Some(Arc::from(file)),
             first_line: line.saturating_sub(3).max(1),
             line,
+            build_id: None,
         }
     }
 
