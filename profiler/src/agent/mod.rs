@@ -36,6 +36,7 @@ use crate::driver::{self, Flow, Options, Scope, Sink};
 use crate::identity::{self, OperatorLabels};
 use crate::session::{Resolved, Session};
 use crate::UsageError;
+use export::otlp::{Otlp, OtlpSettings};
 use export::pyroscope::{PushTarget, Pyroscope};
 use export::queue::QueueConfig;
 use export::Export;
@@ -66,13 +67,19 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         )
         .into());
     }
+    let otlp = args
+        .otlp
+        .as_deref()
+        .map(|flag| OtlpSettings::new(flag, &|name| std::env::var(name).ok()))
+        .transpose()
+        .map_err(|e| UsageError(e.to_string()))?;
     let listen = match args.listen.as_str() {
         "off" | "none" | "" => None,
         addr => Some(addr.to_string()),
     };
-    if target.is_none() && listen.is_none() {
+    if target.is_none() && otlp.is_none() && listen.is_none() {
         return Err(UsageError(
-            "with --listen off and no --pyroscope URL the profiles would go nowhere: give one of them".into(),
+            "with --listen off and no --pyroscope or --otlp URL the profiles would go nowhere: give one of them".into(),
         )
         .into());
     }
@@ -84,13 +91,23 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(agent(args, operator, target, listen, hostname))
+    let backends = Backends {
+        pyroscope: target,
+        otlp,
+    };
+    runtime.block_on(agent(args, operator, backends, listen, hostname))
+}
+
+/// Where the windows go.
+struct Backends {
+    pyroscope: Option<PushTarget>,
+    otlp: Option<OtlpSettings>,
 }
 
 async fn agent(
     args: AgentArgs,
     operator: OperatorLabels,
-    target: Option<PushTarget>,
+    backends: Backends,
     listen: Option<String>,
     hostname: String,
 ) -> Result<i32> {
@@ -107,10 +124,21 @@ async fn agent(
         None => None,
     };
     let mut exports = Vec::new();
-    if let Some(target) = target {
+    if let Some(target) = backends.pyroscope {
         exports.push(
             Export::start(Box::new(Pyroscope), target.http(), QueueConfig::default())
                 .context("starting the Pyroscope export thread")?,
+        );
+    }
+    if let Some(settings) = backends.otlp {
+        let config = QueueConfig {
+            timeout: settings.timeout,
+            ..QueueConfig::default()
+        };
+        let otlp = Otlp::new(&settings, &hostname, &operator);
+        exports.push(
+            Export::start(Box::new(otlp), settings.http(), config)
+                .context("starting the OTLP export thread")?,
         );
     }
     for export in &exports {

@@ -354,13 +354,14 @@ fn load(pid: u32, mapping: &Mapping, key: FileKey) -> Result<LoadedFile, LoadErr
     })
 }
 
+/// What `read_elf` reads of a file: its unwind sections, load segments and build id.
+type ElfParts = (UnwindSections, Vec<Segment>, Option<Arc<str>>);
+
 /// Bytes of a build id kept: GNU ids are 20 (SHA-1) or 16 (MD5); anything longer is garbage.
 const MAX_BUILD_ID: usize = 64;
 
 /// The unwind sections, load segments and build id of an ELF file, reading only those bytes.
-fn read_elf(
-    file: &File,
-) -> Result<(UnwindSections, Vec<Segment>, Option<Arc<str>>), object::Error> {
+fn read_elf(file: &File) -> Result<ElfParts, object::Error> {
     let cache = ReadCache::new(file);
     let elf = ElfFile64::<Endianness, _>::parse(&cache)?;
     let segments = elf

@@ -14,6 +14,9 @@ use super::queue::{cap, classify, Cause, Outcome, RetryPolicy, Transport, MAX_RE
 /// Bytes of a response body read: enough for an error's message or OTLP's `partial_success`.
 pub(crate) const MAX_RESPONSE_BODY: u64 = 4096;
 
+/// Reads a 2xx body; `Some` is the outcome it stands for instead of `Sent`.
+pub(crate) type ReadSuccess = fn(&[u8]) -> Option<Outcome>;
+
 /// Where and how to send: everything but the body.
 #[derive(Clone)]
 pub(crate) struct HttpTarget {
@@ -24,7 +27,7 @@ pub(crate) struct HttpTarget {
     pub policy: RetryPolicy,
     /// Reads a 2xx body: `Some` turns the success into another outcome (OTLP's
     /// `partial_success`).
-    pub on_success: Option<fn(&[u8]) -> Option<Outcome>>,
+    pub on_success: Option<ReadSuccess>,
 }
 
 impl std::fmt::Debug for HttpTarget {

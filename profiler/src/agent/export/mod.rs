@@ -8,7 +8,7 @@
 //! - [`otlp`]: one OTLP `ExportProfilesServiceRequest` per window, every process in it.
 
 pub(crate) mod http;
-// pub(crate) mod otlp;
+pub(crate) mod otlp;
 pub(crate) mod pyroscope;
 pub(crate) mod queue;
 
