@@ -1,9 +1,10 @@
 //! `cargo xtask test`: the project's one test command.
 //!
 //! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
-//! consumer tests) -> sid root -> build `pyebpf` -> `cargo test --workspace` with
-//! `PYEBPF_BIN`, `PYEBPF_SID_ROOT` and the consumers' paths (`consumers::Consumers::env`) set
-//! for the integration tests.
+//! consumer tests) -> the Python venv (the OTLP receiver's protocol classes) -> sid root ->
+//! build `pyebpf` -> `cargo test --workspace` with `PYEBPF_BIN`, `PYEBPF_SID_ROOT`,
+//! `PYEBPF_TEST_VENV` and the consumers' paths (`consumers::Consumers::env`) set for the
+//! integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
 
@@ -15,6 +16,7 @@ use crate::consumers;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
+use crate::venv;
 
 #[derive(Args, Debug)]
 pub struct TestArgs {
@@ -83,6 +85,18 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let consumers = consumers::ensure();
     done("consumers", &mut lap);
 
+    // tests/tests/agent.rs's OTLP receiver decodes with the upstream protocol classes
+    // (opentelemetry-proto from PyPI). Not fatal: without them those tests fail and say why.
+    util::step("the tests' Python venv (the OTLP receiver's protocol classes)");
+    let venv = match venv::ensure() {
+        Ok(venv) => Some(venv),
+        Err(err) => {
+            eprintln!("{err:#}; the OTLP tests will fail");
+            None
+        }
+    };
+    done("venv", &mut lap);
+
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);
     if args.no_sidroot {
@@ -109,8 +123,11 @@ pub fn test(args: &TestArgs) -> Result<()> {
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
         .env("PYEBPF_TEST_RUNS", &runs)
-        .envs(consumers.env())
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .envs(consumers.env());
+    if let Some(venv) = &venv {
+        cmd.env("PYEBPF_TEST_VENV", venv);
+    }
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");
     if !harness_args
