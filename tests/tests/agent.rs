@@ -843,3 +843,48 @@ fn otlp_a_400_is_dropped_and_counted() {
     assert!(stderr.contains("refused"), "{stderr}");
     assert!(stderr.contains("one profile was too old"), "{stderr}");
 }
+
+/// A bad OTLP setting, from the flag or a standard variable, is one line naming it, exit 2.
+#[test]
+fn otlp_bad_configuration_is_one_line_exit_2() {
+    for (args, env, expect) in [
+        (vec!["--otlp", "ftp://collector"], vec![], "--otlp"),
+        (
+            vec!["--otlp", "http://u:secret@c:4318"],
+            vec![],
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")],
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "grpc")],
+            "http/protobuf",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_EXPORTER_OTLP_HEADERS", "novalue")],
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_RESOURCE_ATTRIBUTES", "=x")],
+            "OTEL_RESOURCE_ATTRIBUTES",
+        ),
+    ] {
+        let out = Command::new(pyebpf_bin())
+            .arg("agent")
+            .args(&args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        let line = one_line_error(&stderr);
+        assert!(line.contains(expect), "{args:?} {env:?}: {stderr}");
+        assert!(!stderr.contains("secret"), "{stderr}");
+    }
+}

@@ -191,9 +191,9 @@ async fn agent(
     }
     // The exporters flush side by side: each has its own thread, all share one deadline.
     let deadline = Instant::now() + Duration::from_secs_f64(args.flush_timeout);
+    let left = Export::flush_all(&sink.exports, deadline);
     let mut pushed = Vec::new();
-    for export in &sink.exports {
-        let left = export.flush(deadline);
+    for (export, left) in sink.exports.iter().zip(left) {
         if left.requests > 0 {
             eprintln!(
                 "pyebpf agent: {} profiles ({} bytes) could not be pushed to {} before the {}s flush timeout",

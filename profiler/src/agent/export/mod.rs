@@ -89,9 +89,22 @@ impl Export {
         }
     }
 
-    /// See [`ExportQueue::flush`].
-    pub(crate) fn flush(&self, deadline: Instant) -> Leftover {
-        self.queue.flush(deadline)
+    /// Flushes every exporter's queue at once (each sends on its own thread), until all are
+    /// empty or `deadline`; what each left, in order. See [`ExportQueue::flush`].
+    pub(crate) fn flush_all(exports: &[Export], deadline: Instant) -> Vec<Leftover> {
+        std::thread::scope(|scope| {
+            let flushes: Vec<_> = exports
+                .iter()
+                .map(|e| {
+                    let queue = &e.queue;
+                    scope.spawn(move || queue.flush(deadline))
+                })
+                .collect();
+            flushes
+                .into_iter()
+                .map(|f| f.join().unwrap_or_default())
+                .collect()
+        })
     }
 }
 
