@@ -211,8 +211,14 @@ impl Encoder {
     }
 
     /// Adds `profile`'s samples, each to the resource of its process: the pid, service,
-    /// container and Kubernetes labels of its label set, and `facts` of its pid.
-    pub(crate) fn add(&mut self, profile: &Profile, facts: &dyn Fn(u32) -> Option<ProcessFacts>) {
+    /// container and Kubernetes labels of its label set, and `facts` of its pid. `service`
+    /// names the samples whose labels do not (the profile's `<stacks over limit>`).
+    pub(crate) fn add(
+        &mut self,
+        profile: &Profile,
+        service: Option<&str>,
+        facts: &dyn Fn(u32) -> Option<ProcessFacts>,
+    ) {
         let period = i64::try_from(profile.timing.period_ns).unwrap_or(i64::MAX);
         // Per profile: frame and label-set ids are the profile's own.
         let mut locations: FxHashMap<FrameId, Option<i32>> = FxHashMap::default();
@@ -223,7 +229,7 @@ impl Encoder {
                 continue;
             }
             if let std::collections::hash_map::Entry::Vacant(slot) = label_sets.entry(labels) {
-                let resource = self.resource_attributes(profile, labels, facts);
+                let resource = self.resource_attributes(profile, labels, service, facts);
                 slot.insert(LabelSet {
                     resource: self.resource(resource, profile),
                     attributes: None,
@@ -309,9 +315,13 @@ impl Encoder {
         &self,
         profile: &Profile,
         labels: LabelSetId,
+        service: Option<&str>,
         facts: &dyn Fn(u32) -> Option<ProcessFacts>,
     ) -> Attributes {
         let mut resource = self.host.clone();
+        if let Some(service) = service {
+            resource.insert("service.name".into(), Value::Str(service.into()));
+        }
         resource.insert("process.runtime.name".into(), Value::Str("cpython".into()));
         let set = profile.label_set(labels);
         let pid = set.iter().find_map(|l| match (l.key, &l.value) {
@@ -493,7 +503,7 @@ pub(crate) fn write(
     out: &mut dyn Write,
 ) -> anyhow::Result<EncodeStats> {
     let mut encoder = Encoder::new(host, Attributes::new());
-    encoder.add(profile, facts);
+    encoder.add(profile, None, facts);
     let (request, stats) = encoder.finish();
     out.write_all(&request.encode_to_vec())?;
     Ok(stats)
@@ -731,7 +741,7 @@ mod tests {
         host.insert("host.name".into(), Value::Str("node-a".into()));
         host.insert("service.name".into(), Value::Str("from-host".into()));
         let mut e = Encoder::new(host, Attributes::new());
-        e.add(profile, &|pid| {
+        e.add(profile, None, &|pid| {
             (pid == 100).then(|| ProcessFacts {
                 executable: "python3.12".into(),
                 python_version: "3.12".into(),
@@ -941,6 +951,36 @@ mod tests {
     }
 
     #[test]
+    fn samples_past_the_stack_limit_keep_their_service() {
+        let mut p = Profile::with_stack_limit(1);
+        let set = labels(&mut p, 1, 1, "svc");
+        let a = p.intern(py("a", "/a.py", 1));
+        let b = p.intern(py("b", "/a.py", 2));
+        p.add_labeled(set, &[a], 3);
+        p.add_labeled(set, &[b], 4);
+        let p = timed(p);
+        let mut e = Encoder::new(Attributes::new(), Attributes::new());
+        e.add(&p, Some("svc"), &|_| None);
+        let (request, stats) = e.finish();
+        assert_eq!((stats.samples, stats.resources), (7, 2));
+        for r in &request.resource_profiles {
+            assert_eq!(attrs(r)["service.name"], "svc");
+        }
+        let d = request.dictionary.as_ref().unwrap();
+        let over = request
+            .resource_profiles
+            .iter()
+            .find(|r| !attrs(r).contains_key("process.pid"))
+            .expect("the over-limit stack's resource");
+        let sample = &over.scope_profiles[0].profiles[0].samples[0];
+        assert_eq!(
+            frames(d, sample.stack_index),
+            [format!("{} :0", crate::aggregate::OVER_LIMIT)]
+        );
+        assert_eq!(sample.values, [4 * 52_631_578]);
+    }
+
+    #[test]
     fn the_dictionary_is_bounded_and_totals_stay() {
         let mut p = Profile::default();
         let set = labels(&mut p, 1, 1, "svc");
@@ -950,7 +990,7 @@ mod tests {
         }
         let p = timed(p);
         let mut e = Encoder::with_limits(Attributes::new(), Attributes::new(), 500, 1 << 20);
-        e.add(&p, &|_| None);
+        e.add(&p, Some("svc"), &|_| None);
         let (request, stats) = e.finish();
         assert!(stats.entries <= 500 + 4, "{stats:?}");
         assert!(stats.over_limit_samples > 1000, "{stats:?}");
@@ -969,7 +1009,7 @@ mod tests {
         let mut operator = Attributes::new();
         operator.insert("service.name".into(), Value::Str("forced".into()));
         let mut e = Encoder::new(Attributes::new(), operator);
-        e.add(&sample_profile(), &|_| None);
+        e.add(&sample_profile(), None, &|_| None);
         let (request, _) = e.finish();
         // Both processes now share a service but stay apart by pid.
         assert_eq!(request.resource_profiles.len(), 2);

@@ -331,7 +331,9 @@ impl Exporter for Otlp {
     fn encode(&mut self, cuts: &[Cut]) -> Vec<Request> {
         let mut encoder = Encoder::new(self.host.clone(), self.operator.clone());
         for cut in cuts {
-            encoder.add(&cut.profile, &|pid| cut.processes.get(&pid).map(facts));
+            encoder.add(&cut.profile, Some(&cut.service), &|pid| {
+                cut.processes.get(&pid).map(facts)
+            });
         }
         let (request, stats) = encoder.finish();
         self.dictionary.entries = stats.entries;
