@@ -246,7 +246,7 @@ class Profiler:
         self.pid = self.proc.pid
         threading.Thread(target=self._poll_rss, daemon=True).start()
 
-    def wait_up(self, timeout=60):
+    def wait_up(self, timeout=180):
         """Until the agent answers /metrics, or record's sampler program is loaded."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -171,7 +171,7 @@ pub struct AgentArgs {
     /// OTEL_RESOURCE_ATTRIBUTES (the host's attributes, e.g. k8s.node.name=NODE). Can run
     /// alongside --pyroscope.
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "",
-          env = "PYEBPF_OTLP_URL")]
+          env = "PYEBPF_OTLP_URL", hide_env_values = true)]
     pub otlp: Option<String>,
     /// Basic auth for --pyroscope, USER:PASSWORD (prefer the environment variable: flags show
     /// in `ps`).
