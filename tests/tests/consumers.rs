@@ -532,6 +532,11 @@ const CONSUMER_TESTS: [(&str, &str, &str); 4] = [
         "pprof.rs",
         "chain_types_period_stack_and_labels_on_every_interpreter",
     ),
+    (
+        "otlp",
+        "otlp.rs",
+        "record_otlp_writes_a_request_the_upstream_classes_read",
+    ),
 ];
 
 /// `pyebpf record --help` lists exactly the formats of [`CONSUMER_TESTS`], and each named test
@@ -554,6 +559,7 @@ fn every_format_has_a_consumer_test() {
         let source = match file {
             "consumers.rs" => include_str!("consumers.rs"),
             "pprof.rs" => include_str!("pprof.rs"),
+            "otlp.rs" => include_str!("otlp.rs"),
             other => panic!("unknown test file {other}"),
         };
         assert!(
