@@ -511,7 +511,7 @@ fn close(a: [u8; 3], b: [u8; 3]) -> bool {
 }
 
 /// Each `-f` value and the test (file, function) that opens it in a real consumer.
-const CONSUMER_TESTS: [(&str, &str, &str); 4] = [
+const CONSUMER_TESTS: [(&str, &str, &str); 5] = [
     (
         "flamegraph",
         "consumers.rs",
