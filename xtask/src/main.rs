@@ -13,6 +13,7 @@ mod setup;
 mod sidroot;
 mod test;
 mod util;
+mod venv;
 mod vm;
 
 use clap::{Parser, Subcommand};

@@ -1,9 +1,10 @@
 //! `cargo xtask test`: the project's one test command.
 //!
 //! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
-//! consumer tests) -> sid root -> podman and the Python image (for the container tests) ->
-//! build `pyebpf` -> the pyebpf image from it -> `cargo test --workspace` with `PYEBPF_BIN`,
-//! `PYEBPF_SID_ROOT`, the images (`PYEBPF_TEST_IMAGE`, `PYEBPF_TEST_PYTHON_IMAGE`) and the
+//! consumer tests) -> the Python venv (the OTLP receiver's protocol classes) -> sid root ->
+//! podman and the Python image (for the container tests) -> build `pyebpf` -> the pyebpf image
+//! from it -> `cargo test --workspace` with `PYEBPF_BIN`, `PYEBPF_SID_ROOT`,
+//! `PYEBPF_TEST_VENV`, the images (`PYEBPF_TEST_IMAGE`, `PYEBPF_TEST_PYTHON_IMAGE`) and the
 //! consumers' paths (`consumers::Consumers::env`) set for the integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
@@ -17,6 +18,7 @@ use crate::image;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
+use crate::venv;
 
 #[derive(Args, Debug)]
 pub struct TestArgs {
@@ -85,6 +87,18 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let consumers = consumers::ensure();
     done("consumers", &mut lap);
 
+    // tests/tests/agent.rs's OTLP receiver decodes with the upstream protocol classes
+    // (opentelemetry-proto from PyPI). Not fatal: without them those tests fail and say why.
+    util::step("the tests' Python venv (the OTLP receiver's protocol classes)");
+    let venv = match venv::ensure() {
+        Ok(venv) => Some(venv),
+        Err(err) => {
+            eprintln!("{err:#}; the OTLP tests will fail");
+            None
+        }
+    };
+    done("venv", &mut lap);
+
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);
     if args.no_sidroot {
@@ -131,8 +145,11 @@ pub fn test(args: &TestArgs) -> Result<()> {
         .env("PYEBPF_TEST_RUNS", &runs)
         .env("PYEBPF_TEST_IMAGE", image::TEST_TAG)
         .env("PYEBPF_TEST_PYTHON_IMAGE", image::PYTHON_IMAGE)
-        .envs(consumers.env())
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .envs(consumers.env());
+    if let Some(venv) = &venv {
+        cmd.env("PYEBPF_TEST_VENV", venv);
+    }
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");
     if !harness_args

@@ -13,15 +13,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use prost::Message;
-
 use crate::aggregate::stacks::Aggregator;
 use crate::aggregate::{Profile, Timing};
 use crate::discovery::PythonProcess;
 use crate::identity::{self, OperatorLabels, ProcessLabels};
 use crate::output::pprof;
-use crate::proto::push::v1 as push;
-use crate::proto::types::v1 as types;
 use crate::session::Resolved;
 
 /// Services with a profile in one window.
@@ -36,7 +32,29 @@ const MAX_PROCESSES: usize = 4096;
 /// A profile being filled, and whom it covers.
 pub(crate) struct Window {
     aggregator: Aggregator,
-    processes: BTreeMap<u32, Arc<ProcessLabels>>,
+    processes: BTreeMap<u32, WindowProcess>,
+}
+
+/// What a window knows of a process it has samples of.
+#[derive(Clone, Debug)]
+pub(crate) struct WindowProcess {
+    pub identity: Arc<ProcessLabels>,
+    /// The executable's file name (`/proc/PID/exe`), read at the process's first sample in
+    /// the window; its `comm` when that cannot be read.
+    pub executable: String,
+}
+
+impl WindowProcess {
+    fn of(process: &PythonProcess) -> WindowProcess {
+        let executable = std::fs::read_link(format!("/proc/{}/exe", process.pid))
+            .ok()
+            .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| process.identity.comm.clone());
+        WindowProcess {
+            identity: Arc::clone(&process.identity),
+            executable,
+        }
+    }
 }
 
 impl Window {
@@ -52,7 +70,7 @@ impl Window {
         if self.processes.len() < MAX_PROCESSES {
             self.processes
                 .entry(process.pid)
-                .or_insert_with(|| Arc::clone(&process.identity));
+                .or_insert_with(|| WindowProcess::of(process));
         }
         self.aggregator.add(sample, process);
     }
@@ -61,13 +79,8 @@ impl Window {
         self.aggregator.profile.samples
     }
 
-    /// The gzipped pprof of what was collected since `started`.
-    pub(crate) fn pprof(
-        self,
-        started: SystemTime,
-        elapsed: Duration,
-        rate_hz: u64,
-    ) -> (Vec<u8>, Stats) {
+    /// The profile of what was collected since `started`.
+    pub(crate) fn finish(self, started: SystemTime, elapsed: Duration, rate_hz: u64) -> Profile {
         let mut profile = self.aggregator.profile;
         profile.timing = Timing {
             start_unix_ns: started
@@ -76,54 +89,28 @@ impl Window {
             duration_ns: elapsed.as_nanos() as u64,
             period_ns: 1_000_000_000 / rate_hz.max(1),
         };
-        let stats = Stats {
-            samples: profile.samples,
-            over_limit: profile.over_limit,
-        };
+        profile
+    }
+
+    /// The gzipped pprof of what was collected since `started`.
+    pub(crate) fn pprof(self, started: SystemTime, elapsed: Duration, rate_hz: u64) -> Vec<u8> {
+        let profile = self.finish(started, elapsed, rate_hz);
         let mut bytes = Vec::new();
         // Writing to a Vec fails only on allocation failure, which aborts anyway.
         let _ = pprof::write(&profile, "pyebpf agent", &mut bytes);
-        (bytes, stats)
+        bytes
     }
 }
 
-/// Counts of one cut profile.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Stats {
-    pub samples: u64,
-    pub over_limit: u64,
-}
-
-/// One service's profile of a window, ready to push.
+/// One service's profile of a window, for the exporters.
 pub(crate) struct Cut {
     pub service: String,
+    /// The labels of the service's series (Pyroscope's), `__name__` and `service_name` first.
     pub labels: Vec<(String, String)>,
-    pub pprof: Vec<u8>,
-    pub samples: u64,
-}
-
-impl Cut {
-    /// The Pyroscope `PushRequest` holding this profile.
-    pub(crate) fn push_request(&self) -> Vec<u8> {
-        push::PushRequest {
-            series: vec![push::RawProfileSeries {
-                labels: self
-                    .labels
-                    .iter()
-                    .map(|(name, value)| types::LabelPair {
-                        name: name.clone(),
-                        value: value.clone(),
-                    })
-                    .collect(),
-                samples: vec![push::RawSample {
-                    raw_profile: self.pprof.clone(),
-                    id: String::new(),
-                }],
-                ..Default::default()
-            }],
-        }
-        .encode_to_vec()
-    }
+    /// With its timing; samples labelled with pid, tid, thread name and the process's labels.
+    pub profile: Profile,
+    /// The processes with samples in it (at most [`MAX_PROCESSES`]), by pid.
+    pub processes: BTreeMap<u32, WindowProcess>,
 }
 
 /// The current window of every service.
@@ -191,14 +178,15 @@ impl Windows {
                 continue;
             }
             let labels = self.series_labels(&service, window.processes.values());
-            let (pprof, stats) = window.pprof(started, elapsed, rate_hz);
-            self.stacks_over_limit += stats.over_limit;
+            let processes = window.processes.clone();
+            let profile = window.finish(started, elapsed, rate_hz);
+            self.stacks_over_limit += profile.over_limit;
             self.cut += 1;
             cuts.push(Cut {
                 service,
                 labels,
-                pprof,
-                samples: stats.samples,
+                profile,
+                processes,
             });
         }
         cuts
@@ -208,13 +196,13 @@ impl Windows {
     fn series_labels<'a>(
         &self,
         service: &str,
-        processes: impl Iterator<Item = &'a Arc<ProcessLabels>> + Clone,
+        processes: impl Iterator<Item = &'a WindowProcess> + Clone,
     ) -> Vec<(String, String)> {
         identity::series_labels(
             service,
             &self.hostname,
             &self.operator,
-            processes.map(|p| p.as_ref()),
+            processes.map(|p| p.identity.as_ref()),
         )
     }
 }
@@ -231,8 +219,8 @@ mod tests {
     use super::*;
     use crate::identity::ServiceSource;
 
-    fn labels(pid: u32, comm: &str, container: Option<&str>) -> Arc<ProcessLabels> {
-        Arc::new(ProcessLabels {
+    fn labels(pid: u32, comm: &str, container: Option<&str>) -> WindowProcess {
+        let identity = Arc::new(ProcessLabels {
             pid,
             comm: comm.into(),
             service_name: "svc".into(),
@@ -241,7 +229,11 @@ mod tests {
             container_runtime: None,
             kubernetes: Default::default(),
             python_version: "3.12".into(),
-        })
+        });
+        WindowProcess {
+            identity,
+            executable: "python3.12".into(),
+        }
     }
 
     fn windows(operator: &[&str]) -> Windows {

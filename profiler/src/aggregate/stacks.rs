@@ -217,12 +217,17 @@ impl Aggregator {
                     stack.push(self.python_node(sample.pid, frame, &mut last));
                     continue;
                 }
-                Mixed::Native { function, module } => self.profile.intern(Frame {
+                Mixed::Native {
+                    function,
+                    module,
+                    build_id,
+                } => self.profile.intern(Frame {
                     kind: FrameKind::Native,
                     name: function.clone(),
                     file: Some(module.clone()),
                     first_line: 0,
                     line: 0,
+                    build_id: build_id.clone(),
                 }),
                 Mixed::Marker(text) => self
                     .profile
@@ -270,6 +275,7 @@ impl Aggregator {
                 file: Some(code.filename.as_str().into()),
                 first_line: code.firstlineno,
                 line: frame.line,
+                build_id: None,
             }),
             None => self
                 .profile
