@@ -58,7 +58,9 @@ pub(super) fn mixed_frames(sample: &Resolved) -> Vec<MixedFrame> {
             .iter()
             .filter_map(|m| match m {
                 Mixed::Python(i) => python(*i),
-                Mixed::Native { function, module } => Some(MixedFrame {
+                Mixed::Native {
+                    function, module, ..
+                } => Some(MixedFrame {
                     kind: "native",
                     function: function.to_string(),
                     file: Some(module.to_string()),
