@@ -119,6 +119,7 @@ async fn agent(
         first_look: Duration::from_millis(args.first_look_ms),
         native: args.native.options(),
         async_tasks: args.asyncio.async_tasks,
+        task_labels: args.asyncio.task_labels,
     };
     let mut session = driver::start(&options)?;
     // The kernel counts the sampler's run time only while someone holds this fd.

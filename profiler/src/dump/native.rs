@@ -136,6 +136,7 @@ pub(crate) fn sample_window(
         first_look: Duration::ZERO,
         native: Some(native),
         async_tasks: false,
+        task_labels: false,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use object::elf::{FileHeader64, SHT_NOBITS};
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 use object::{Endianness, ReadCache, ReadRef};
-use profiler_common::{RawFrame, MAX_INTERPRETERS, MAX_THREAD_WALK};
+use profiler_common::{RawFrame, TaskLayout, MAX_INTERPRETERS, MAX_THREAD_WALK};
 
 use super::code::{read_str, read_tag};
 use super::layout::{CoroutineLayout, PyLayout, PyVersion};
@@ -186,6 +186,8 @@ pub struct AsyncLayout {
     pub offsets: AsyncOffsets,
     /// Coroutine, set, list and int fields (from `_Py_DebugOffsets`).
     pub coroutines: CoroutineLayout,
+    /// What the kernel reads to capture a sample's task chain.
+    pub kernel: TaskLayout,
 }
 
 impl AsyncLayout {
@@ -195,9 +197,25 @@ impl AsyncLayout {
         let coroutines = layout.coroutines.ok_or(AsyncError::Unsupported {
             version: layout.version,
         })?;
+        let t = &offsets.task;
+        let kernel = TaskLayout {
+            awaited_by: t.awaited_by,
+            coro: t.coro,
+            name: t.name,
+            is_task: t.is_task,
+            awaited_by_is_set: t.awaited_by_is_set,
+            ob_type: layout.ob_type,
+            gi_iframe: coroutines.gi_iframe,
+            gi_frame_state: coroutines.gi_frame_state,
+            stackpointer: coroutines.stackpointer,
+            suspended_yield_from: coroutines.suspended_yield_from as u8,
+            yield_from_slot: coroutines.yield_from_slot,
+            _pad: 0,
+        };
         Ok(AsyncLayout {
             offsets,
             coroutines,
+            kernel,
         })
     }
 
@@ -415,7 +433,11 @@ pub(crate) fn read_task(
 
 /// The members of a `set` object (its table's live keys: neither empty nor the dummy of a
 /// deleted entry), at most [`MAX_AWAITERS`].
-fn read_set(mem: &ProcessMemory, o: &CoroutineLayout, set: u64) -> Result<Vec<u64>, AsyncError> {
+pub(crate) fn read_set(
+    mem: &ProcessMemory,
+    o: &CoroutineLayout,
+    set: u64,
+) -> Result<Vec<u64>, AsyncError> {
     let head_len = [o.set_used, o.set_table, o.set_mask]
         .iter()
         .map(|&f| f as usize + 8)
@@ -471,6 +493,15 @@ fn read_name(mem: &ProcessMemory, layout: &PyLayout, o: &CoroutineLayout, name: 
 /// `type(obj).__name__` as its C `tp_name`.
 fn type_name(mem: &ProcessMemory, layout: &PyLayout, obj: u64) -> Result<String, ReadError> {
     let ty = mem.read_u64(obj.wrapping_add(layout.ob_type as u64))?;
+    type_name_of(mem, layout, ty)
+}
+
+/// The C `tp_name` of the type object at `ty`.
+pub(crate) fn type_name_of(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    ty: u64,
+) -> Result<String, ReadError> {
     let tp_name = mem.read_u64(ty.wrapping_add(layout.tp_name as u64))?;
     let bytes = mem.read_upto(tp_name, TP_NAME_BYTES)?;
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
@@ -482,6 +513,11 @@ fn read_small_int(mem: &ProcessMemory, o: &CoroutineLayout, obj: u64) -> Option<
     let buf = mem
         .read_vec(obj, o.long_digit.max(o.long_tag) as usize + 8)
         .ok()?;
+    small_int_in(&buf, o)
+}
+
+/// [`read_small_int`] of an object whose first bytes are `buf`.
+pub(crate) fn small_int_in(buf: &[u8], o: &CoroutineLayout) -> Option<u64> {
     let tag = buf.u64_at(o.long_tag as usize)?;
     let (digits, sign) = (tag >> 3, tag & 3);
     let digit = |i: usize| buf.u32_at(o.long_digit as usize + 4 * i).map(u64::from);

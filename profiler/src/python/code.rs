@@ -142,8 +142,33 @@ pub fn read_str_prefix(
     max_chars: u64,
 ) -> Result<(String, u64)> {
     ensure!(addr != 0, "NULL string");
-    let u = &layout.unicode;
     let head = mem.read_upto(addr, FIRST_READ)?;
+    let shape = str_shape(&head, layout)?;
+    let chars = shape.length.min(max_chars) as usize;
+    let need = shape.data + chars * shape.width;
+    let data = if need <= head.len() {
+        head[shape.data..need].to_vec()
+    } else {
+        mem.read_vec(addr.wrapping_add(shape.data as u64), chars * shape.width)?
+    };
+    Ok((decode_chars(&data, shape.width), shape.length))
+}
+
+/// Where a compact `str`'s characters are, from the first bytes of the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StrShape {
+    /// Code points.
+    pub length: u64,
+    /// Offset of the first character in the object.
+    pub data: usize,
+    /// Bytes per code point (1, 2 or 4).
+    pub width: usize,
+}
+
+/// The [`StrShape`] of the `str` whose first bytes are `head`; fails for anything that is not
+/// a plausible compact string.
+pub(crate) fn str_shape(head: &[u8], layout: &PyLayout) -> Result<StrShape> {
+    let u = &layout.unicode;
     let length = head.u64_at(u.length as usize).context("string header")?;
     let state = head.u32_at(u.state as usize).context("string header")?;
     ensure!(
@@ -154,19 +179,21 @@ pub fn read_str_prefix(
     let compact = (state >> u.compact_bit) & 1 == 1;
     let ascii = (state >> u.ascii_bit) & 1 == 1;
     ensure!(compact, "non-compact string");
-    let (data_off, width) = match (ascii, kind) {
+    let (data, width) = match (ascii, kind) {
         (true, 1) => (u.ascii_data as usize, 1),
         (false, 1 | 2 | 4) => (u.compact_data as usize, kind as usize),
         _ => bail!("string with unknown kind {kind}"),
     };
-    let chars = length.min(max_chars) as usize;
-    let need = data_off + chars * width;
-    let data = if need <= head.len() {
-        head[data_off..need].to_vec()
-    } else {
-        mem.read_vec(addr.wrapping_add(data_off as u64), chars * width)?
-    };
-    let text = match width {
+    Ok(StrShape {
+        length,
+        data,
+        width,
+    })
+}
+
+/// Characters stored `width` bytes each (a compact string's data).
+pub(crate) fn decode_chars(data: &[u8], width: usize) -> String {
+    match width {
         1 => data.iter().map(|&b| b as char).collect(),
         2 => data
             .chunks_exact(2)
@@ -178,8 +205,7 @@ pub fn read_str_prefix(
                 char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
             })
             .collect(),
-    };
-    Ok((text, length))
+    }
 }
 
 /// Reads a `bytes` object's contents.

@@ -104,6 +104,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         first_look: Duration::ZERO,
         native: args.native.options(),
         async_tasks: args.asyncio.async_tasks,
+        task_labels: args.asyncio.task_labels,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
@@ -236,9 +237,7 @@ fn finish(
             a.task_samples,
             pct(a.rewritten),
             pct(a.frame_not_found),
-            pct(a
-                .task_samples
-                .saturating_sub(a.rewritten + a.frame_not_found)),
+            pct(a.task_unreadable),
             a.truncated_depth,
             a.truncated_cycle,
             a.cache_misses,

@@ -292,7 +292,8 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: None,
-        async_tasks: false,
+        async_tasks: args.async_tasks,
+        task_labels: false,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {
