@@ -168,7 +168,6 @@ impl TaskName {
 /// One task of a sample's chain.
 #[derive(Clone, Debug)]
 pub(crate) struct ChainTask {
-    pub addr: u64,
     /// `task_coro`.
     pub coro: u64,
     pub name: TaskName,
@@ -307,7 +306,6 @@ impl Awaiters {
                 }
             }
             chain.tasks.push(ChainTask {
-                addr: t.task,
                 coro: t.coro,
                 name: self.captured_name(pid, layout, a, t),
                 frames: task_frames,
@@ -378,7 +376,6 @@ impl Awaiters {
                 self.stats.truncated_depth += 1;
             }
             chain.tasks.push(ChainTask {
-                addr: task.addr,
                 coro: task.coro,
                 name: TaskName::parse(&task.name),
                 frames: task.coro_frames.clone(),
@@ -491,10 +488,10 @@ impl Awaiters {
             }
         }
         let mem = ProcessMemory::new(pid);
-        let now = mem.read_vec(t.name, TASK_NAME_BYTES).ok().and_then(|b| {
+        let now = mem.read_vec(t.name, TASK_NAME_BYTES).ok().map(|b| {
             let mut words = [0u64; TASK_NAME_BYTES / 8];
             bytemuck::cast_slice_mut::<u64, u8>(&mut words).copy_from_slice(&b);
-            Some(words)
+            words
         });
         let text = match now.filter(same) {
             Some(_) => read_str_prefix(&mem, layout, t.name, MAX_NAME_CHARS)
@@ -562,4 +559,378 @@ pub(crate) fn splice(
 /// Whether a failed layout lookup means "look again later" (the module is not there yet).
 pub(crate) fn retry_later(e: &AsyncError) -> bool {
     matches!(e, AsyncError::NotFound { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layout::{CoroutineLayout, PyVersion};
+    use profiler_common::SampleHeader;
+
+    fn names(m: &[Mixed]) -> Vec<String> {
+        m.iter()
+            .map(|m| match m {
+                Mixed::Python(i) => format!("py{i}"),
+                Mixed::Task(n) => format!("<task {n}>"),
+                Mixed::Marker(t) => t.to_string(),
+                Mixed::Native { function, .. } => function.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn splice_cuts_below_the_coroutine_and_adds_the_chain() {
+        // Frames 0..=2 are the running task's (2 is its coroutine), 3..5 the event loop; the
+        // awaiters' frames were appended at 3..5 and 5..6 after the cut.
+        let base: Vec<Mixed> = (0..6).map(Mixed::Python).collect();
+        let tasks = vec![
+            (Arc::from("alpha"), 0..0),
+            (Arc::from("parent"), 3..5),
+            (Arc::from("main"), 5..6),
+        ];
+        let mut out = Vec::new();
+        splice(&base, 2, &tasks, None, &mut out).unwrap();
+        assert_eq!(
+            names(&out),
+            [
+                "py0",
+                "py1",
+                "py2",
+                "<task alpha>",
+                "py3",
+                "py4",
+                "<task parent>",
+                "py5",
+                "<task main>"
+            ]
+        );
+        splice(&base, 0, &tasks[..1], Some("<async chain cycle>"), &mut out).unwrap();
+        assert_eq!(names(&out), ["py0", "<task alpha>", "<async chain cycle>"]);
+        assert!(splice(&base, 9, &tasks, None, &mut out).is_none());
+    }
+
+    #[test]
+    fn native_frames_leafward_of_the_coroutine_are_kept() {
+        let base = vec![
+            Mixed::Native {
+                function: "memcpy".into(),
+                module: "libc.so.6".into(),
+            },
+            Mixed::Python(0),
+            Mixed::Native {
+                function: "_PyEval_EvalFrameDefault".into(),
+                module: "python".into(),
+            },
+            Mixed::Python(1),
+        ];
+        let mut out = Vec::new();
+        splice(&base, 0, &[(Arc::from("t"), 0..0)], None, &mut out).unwrap();
+        assert_eq!(names(&out), ["memcpy", "py0", "<task t>"]);
+    }
+
+    #[test]
+    fn default_names_are_told_from_given_ones() {
+        assert_eq!(TaskName::parse("Task-12"), TaskName::Default(Some(12)));
+        assert_eq!(
+            TaskName::parse("Task-99999999999999999999999"),
+            TaskName::Default(None)
+        );
+        for given in ["Task-", "Task-1a", "ingest", "task-3", " Task-3"] {
+            assert_eq!(TaskName::parse(given), TaskName::Named(given.into()));
+        }
+        let default = TaskName::Default(Some(7));
+        assert_eq!(&*default.raw(), "Task-7");
+        assert_eq!(
+            &*default.shown(Some("AsyncTree.recurse")),
+            "AsyncTree.recurse"
+        );
+        assert_eq!(&*default.shown(None), "Task-7");
+        let named = TaskName::Named("ingest".into());
+        assert_eq!(&*named.shown(Some("ingest_loop")), "ingest");
+        assert_eq!(&*TaskName::Unknown.shown(Some("f")), "f");
+        assert_eq!(&*TaskName::Unknown.raw(), "?");
+    }
+
+    /// A 3.12 table's object layout with the coroutine fields of the async view; the task
+    /// offsets do not matter to captured chains.
+    fn layouts() -> (PyLayout, AsyncLayout) {
+        let mut layout = crate::python::tables::builtin(PyVersion::from_hex(0x030c_04f0)).unwrap();
+        layout.coroutines = Some(CoroutineLayout {
+            long_tag: 16,
+            long_digit: 24,
+            ..Default::default()
+        });
+        let a = AsyncLayout::new(Default::default(), &layout).unwrap();
+        (layout, a)
+    }
+
+    /// Objects in this process's memory, read through `ProcessMemory` as a target's would be.
+    struct Objects {
+        layout: PyLayout,
+        int_type: Vec<u64>,
+        str_type: Vec<u64>,
+        _type_names: Vec<Vec<u8>>,
+    }
+
+    impl Objects {
+        fn new(layout: &PyLayout) -> Objects {
+            let int_name = b"int\0".to_vec();
+            let str_name = b"str\0".to_vec();
+            let mut int_type = vec![0u64; 64];
+            let mut str_type = vec![0u64; 64];
+            int_type[layout.tp_name as usize / 8] = int_name.as_ptr() as u64;
+            str_type[layout.tp_name as usize / 8] = str_name.as_ptr() as u64;
+            Objects {
+                layout: *layout,
+                int_type,
+                str_type,
+                _type_names: vec![int_name, str_name],
+            }
+        }
+
+        /// An int object (asyncio's default name n).
+        fn int(&self, n: u64) -> Vec<u64> {
+            let mut obj = vec![0u64; 8];
+            obj[self.layout.ob_type as usize / 8] = self.int_type.as_ptr() as u64;
+            obj[2] = 1 << 3;
+            obj[3] = n;
+            obj
+        }
+
+        /// A compact ASCII str object.
+        fn str(&self, text: &str) -> Vec<u64> {
+            let u = &self.layout.unicode;
+            let len = u.ascii_data as usize + text.len() + 1;
+            let mut obj = vec![0u64; len.div_ceil(8).max(8)];
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut obj);
+            bytes[self.layout.ob_type as usize..][..8]
+                .copy_from_slice(&(self.str_type.as_ptr() as u64).to_le_bytes());
+            bytes[u.length as usize..][..8].copy_from_slice(&(text.len() as u64).to_le_bytes());
+            let state: u32 = 1 << u.kind_shift | 1 << u.compact_bit | 1 << u.ascii_bit;
+            bytes[u.state as usize..][..4].copy_from_slice(&state.to_le_bytes());
+            bytes[u.ascii_data as usize..][..text.len()].copy_from_slice(text.as_bytes());
+            obj
+        }
+    }
+
+    /// A task as the kernel captures it, its name object being `name`.
+    fn task(addr: u64, awaited_by: u64, name: &[u64]) -> RawTask {
+        let mut head = [0u64; TASK_NAME_BYTES / 8];
+        head.copy_from_slice(&name[..TASK_NAME_BYTES / 8]);
+        RawTask {
+            task: addr,
+            coro: addr + 1,
+            awaited_by,
+            name: name.as_ptr() as u64,
+            name_head: head,
+            ..Default::default()
+        }
+    }
+
+    fn frame(code: u64) -> RawFrame {
+        RawFrame {
+            frame: code + 0x10,
+            code,
+            instr: code + 2,
+            tag: 1,
+        }
+    }
+
+    /// The bytes of a sample of pid `pid` whose task part holds `tasks` and `frames`.
+    fn sample(
+        pid: u32,
+        running: u64,
+        flags: u32,
+        tasks: &[RawTask],
+        frames: &[RawFrame],
+    ) -> Vec<u8> {
+        let header = SampleHeader {
+            pid,
+            nframes: 1,
+            running_task: running,
+            ntasks: tasks.len() as u16,
+            ntask_frames: frames.len() as u16,
+            task_flags: flags,
+            ..Default::default()
+        };
+        let mut bytes = bytemuck::bytes_of(&header).to_vec();
+        bytes.extend_from_slice(bytemuck::bytes_of(&frame(1)));
+        for t in tasks {
+            bytes.extend_from_slice(bytemuck::bytes_of(t));
+        }
+        for f in frames {
+            bytes.extend_from_slice(bytemuck::bytes_of(f));
+        }
+        bytes
+    }
+
+    fn chain_of(aw: &mut Awaiters, bytes: &[u8]) -> Option<Chain> {
+        let (layout, a) = layouts();
+        let raw = crate::decode::sample(bytes).expect("a whole sample");
+        aw.chain(raw.header.pid, &layout, &a, &raw)
+    }
+
+    #[test]
+    fn a_captured_chain_is_named_from_its_bytes() {
+        let (layout, _) = layouts();
+        let objects = Objects::new(&layout);
+        let pid = std::process::id();
+        let (seven, ingest, three) = (objects.int(7), objects.str("ingest"), objects.str("Task-3"));
+        let mut awaiter = task(0x200, 0x300, &ingest);
+        awaiter.first_frame = 0;
+        awaiter.nframes = 2;
+        let tasks = [task(0x100, 0x200, &seven), awaiter, task(0x300, 0, &three)];
+        // The awaiter's frames as the kernel captures them: its own coroutine first.
+        let frames = [frame(0xa0), frame(0xb0)];
+        let mut aw = Awaiters::default();
+        let chain = chain_of(&mut aw, &sample(pid, 0x100, 0, &tasks, &frames)).unwrap();
+        assert_eq!(chain.cut, None);
+        let got: Vec<(TaskName, Vec<u64>)> = chain
+            .tasks
+            .iter()
+            .map(|t| (t.name.clone(), t.frames.iter().map(|f| f.code).collect()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (TaskName::Default(Some(7)), vec![]),
+                (TaskName::Named("ingest".into()), vec![0xb0, 0xa0]),
+                (TaskName::Default(Some(3)), vec![]),
+            ],
+            "names from the captured bytes; frames leaf first"
+        );
+        assert_eq!(chain.tasks[0].coro, 0x101);
+        assert_eq!((aw.stats.names_read, aw.stats.names_unreadable), (0, 0));
+        drop((seven, ingest, three));
+    }
+
+    #[test]
+    fn a_sample_without_its_running_task_is_unreadable() {
+        let mut aw = Awaiters::default();
+        assert!(chain_of(&mut aw, &sample(1, 0x100, TASKS_READ_ERROR, &[], &[])).is_none());
+        // A capture of another task than the one running is not taken for it.
+        let other = task(0x900, 0, &[0u64; 8]);
+        assert!(chain_of(&mut aw, &sample(1, 0x100, 0, &[other], &[])).is_none());
+        assert_eq!(aw.stats.task_unreadable, 2);
+    }
+
+    #[test]
+    fn captured_chains_end_at_cycles_bad_awaiters_and_the_frame_room() {
+        let name = [0u64; 8];
+        let mut aw = Awaiters::default();
+        let cyclic = [task(1, 2, &name), task(2, 1, &name), task(1, 2, &name)];
+        let chain = chain_of(&mut aw, &sample(1, 1, 0, &cyclic, &[])).unwrap();
+        assert_eq!(
+            (chain.tasks.len(), chain.cut),
+            (2, Some("<async chain cycle>"))
+        );
+        let two = [task(1, 2, &name), task(2, 3, &name)];
+        let chain = chain_of(&mut aw, &sample(1, 1, TASKS_NOT_A_TASK, &two, &[])).unwrap();
+        assert_eq!(
+            (chain.tasks.len(), chain.cut),
+            (2, Some("<awaiter unreadable>"))
+        );
+        let mut cut = two;
+        cut[1].flags = TASK_CORO_CUT;
+        let chain = chain_of(&mut aw, &sample(1, 1, 0, &cut, &[])).unwrap();
+        assert_eq!(
+            (chain.tasks.len(), chain.cut),
+            (2, Some("<async chain truncated>"))
+        );
+        // Unreadable names (the kernel says so, or a type that names nothing) are counted.
+        assert_eq!(aw.stats.names_unreadable, 6);
+        assert!(chain.tasks.iter().all(|t| t.name == TaskName::Unknown));
+        assert_eq!(
+            (
+                aw.stats.truncated_cycle,
+                aw.stats.awaiter_unreadable,
+                aw.stats.truncated_depth
+            ),
+            (1, 1, 1)
+        );
+    }
+
+    /// Past the capture, the chain goes on from the tasks in memory: here, from the cache, so
+    /// nothing is read; bounded by [`MAX_CHAIN`] and by cycles.
+    #[test]
+    fn a_chain_the_kernel_could_not_finish_goes_on_in_memory() {
+        let name = [0u64; 8];
+        let mut aw = Awaiters::default();
+        let pid = 1;
+        let put = |aw: &mut Awaiters, addr: u64, by: Vec<u64>| {
+            let info = TaskInfo {
+                addr,
+                name: format!("Task-{addr}"),
+                awaited_by: by,
+                coro_frames: vec![frame(addr << 8)],
+                ..Default::default()
+            };
+            aw.cache.insert((pid, addr), Some(Arc::new(info)));
+        };
+        put(&mut aw, 10, vec![12, 11]);
+        put(&mut aw, 11, vec![1]);
+        aw.filled = Some(Instant::now());
+        let captured = [task(1, 10, &name)];
+        let chain = chain_of(&mut aw, &sample(pid, 1, TASKS_CONTINUE, &captured, &[])).unwrap();
+        let got: Vec<u64> = chain
+            .tasks
+            .iter()
+            .map(|t| t.frames.first().map_or(0, |f| f.code))
+            .collect();
+        assert_eq!(
+            got,
+            [0, 10 << 8, 11 << 8],
+            "lowest awaiter first, then the cycle back to 1"
+        );
+        assert_eq!(chain.tasks[1].name, TaskName::Default(Some(10)));
+        assert_eq!(chain.cut, Some("<async chain cycle>"));
+        assert_eq!((aw.stats.continued, aw.stats.truncated_cycle), (1, 1));
+        for addr in 100..(100 + 2 * MAX_CHAIN as u64) {
+            put(&mut aw, addr, vec![addr + 1]);
+        }
+        let captured = [task(2, 100, &name)];
+        let chain = chain_of(&mut aw, &sample(pid, 2, TASKS_CONTINUE, &captured, &[])).unwrap();
+        assert_eq!(chain.tasks.len(), MAX_CHAIN);
+        assert_eq!(chain.cut, Some("<async chain truncated>"));
+    }
+
+    /// A name longer than its captured bytes is read while the object still starts as
+    /// captured, and never once another string took its place.
+    #[test]
+    fn long_names_are_read_only_while_they_are_the_object_sampled() {
+        let (layout, _) = layouts();
+        let objects = Objects::new(&layout);
+        let pid = std::process::id();
+        let long = "ingest-".repeat(20);
+        let mut name = objects.str(&long);
+        let t = task(0x100, 0, &name);
+        let mut aw = Awaiters::default();
+        let got = |aw: &mut Awaiters, t: &RawTask| {
+            chain_of(aw, &sample(pid, 0x100, 0, &[*t], &[]))
+                .unwrap()
+                .tasks[0]
+                .name
+                .clone()
+        };
+        assert_eq!(got(&mut aw, &t), TaskName::Named(long.as_str().into()));
+        assert_eq!(aw.stats.names_read, 1);
+        // Cached: the same capture needs no read.
+        assert_eq!(got(&mut aw, &t), TaskName::Named(long.as_str().into()));
+        assert_eq!(aw.stats.names_read, 1);
+        // Another string at the same address, sampled before it changed again: the capture
+        // no longer matches the cached one, nor what memory holds now.
+        let other = objects.str(&"other-".repeat(20));
+        let mut t2 = task(0x100, 0, &other);
+        t2.name = name.as_ptr() as u64;
+        assert_eq!(got(&mut aw, &t2), TaskName::Unknown);
+        // Once memory holds that string, it is read.
+        let n = name.len().min(other.len());
+        name[..n].copy_from_slice(&other[..n]);
+        assert_eq!(
+            got(&mut aw, &t2),
+            TaskName::Named("other-".repeat(20).into())
+        );
+        assert_eq!((aw.stats.names_read, aw.stats.names_unreadable), (2, 1));
+        drop(name);
+    }
 }

@@ -271,6 +271,7 @@ impl Agent {
             push: self.pusher.as_ref().map(Pusher::stats),
             pull_served: self.pull_served,
             pull_refused: self.pull_refused,
+            async_tasks: session.async_stats(),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! them flat; a thread seen again after that costs one more `/proc` read.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -34,6 +35,8 @@ pub(crate) struct Aggregator {
     process_labels: HashMap<u32, Vec<(&'static str, String)>>,
     thread_frames: FxHashMap<(u32, u32), FrameId>,
     label_sets: FxHashMap<(u32, u32), LabelSetId>,
+    /// (a thread's label set, a task name) → that set with `task_name` (`--task-labels`).
+    task_label_sets: FxHashMap<(LabelSetId, Arc<str>), LabelSetId>,
     stack: Vec<FrameId>,
     /// `--gil`: keep only samples whose thread held the GIL.
     pub gil_only: bool,
@@ -57,6 +60,7 @@ impl Aggregator {
             process_labels: HashMap::new(),
             thread_frames: FxHashMap::default(),
             label_sets: FxHashMap::default(),
+            task_label_sets: FxHashMap::default(),
             stack: Vec::new(),
             gil_only: false,
             gil_dropped: 0,
@@ -170,10 +174,13 @@ impl Aggregator {
                     .intern(Frame::marker(FrameKind::Python, "<idle>")),
             );
         }
-        let labels = if self.labeled {
-            self.label_set(sample.pid, sample.tid, process)
-        } else {
-            NO_LABELS
+        let labels = match (self.labeled, &sample.task_name) {
+            (false, _) => NO_LABELS,
+            (true, None) => self.label_set(sample.pid, sample.tid, process),
+            (true, Some(task)) => {
+                let thread = self.label_set(sample.pid, sample.tid, process);
+                self.task_label_set(thread, task)
+            }
         };
         self.profile.add_labeled(labels, &stack, sample.weight);
         self.stack = stack;
@@ -202,6 +209,21 @@ impl Aggregator {
         labels.extend(known.iter().map(|(k, v)| Label::str(k, v.as_str())));
         let id = self.profile.intern_labels(labels);
         bounded_insert(&mut self.label_sets, (pid, tid), id);
+        id
+    }
+
+    /// `thread`'s label set with the sample's running task's name as `task_name`.
+    fn task_label_set(&mut self, thread: LabelSetId, task: &Arc<str>) -> LabelSetId {
+        if let Some(&id) = self.task_label_sets.get(&(thread, task.clone())) {
+            return id;
+        }
+        let mut labels = self.profile.label_set(thread).to_vec();
+        labels.push(Label::str("task_name", task.clone()));
+        let id = self.profile.intern_labels(labels);
+        if self.task_label_sets.len() >= MAX_THREADS {
+            self.task_label_sets.clear();
+        }
+        self.task_label_sets.insert((thread, task.clone()), id);
         id
     }
 
