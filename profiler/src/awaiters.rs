@@ -894,6 +894,67 @@ mod tests {
         assert_eq!(chain.cut, Some("<async chain truncated>"));
     }
 
+    /// Name bytes are the target's memory: any of them, with any flags and frame ranges,
+    /// give a chain or none, never a panic.
+    #[test]
+    fn captured_garbage_never_panics() {
+        let (layout, _) = layouts();
+        let objects = Objects::new(&layout);
+        let mut rng = fastrand::Rng::with_seed(20);
+        let mut aw = Awaiters::default();
+        let pid = std::process::id();
+        let (mut chains, mut named) = (0, 0);
+        for _ in 0..3000 {
+            let n = rng.usize(1..=profiler_common::MAX_SAMPLE_TASKS);
+            let mut tasks = Vec::new();
+            for i in 0..n {
+                let mut words = [0u64; TASK_NAME_BYTES / 8];
+                for w in words.iter_mut() {
+                    *w = match rng.u8(..4) {
+                        0 => rng.u64(..),
+                        1 => rng.u64(..300),
+                        _ => 0,
+                    };
+                }
+                // Often a real type, so the str and int decoders see garbage too.
+                words[1] = match rng.u8(..3) {
+                    0 => objects.int_type.as_ptr() as u64,
+                    1 => objects.str_type.as_ptr() as u64,
+                    _ => words[1],
+                };
+                tasks.push(RawTask {
+                    task: if i == 0 { 0x100 } else { rng.u64(..8) },
+                    coro: rng.u64(..),
+                    awaited_by: rng.u64(..),
+                    name: if rng.bool() {
+                        words.as_ptr() as u64
+                    } else {
+                        rng.u64(..)
+                    },
+                    name_head: words,
+                    first_frame: rng.u16(..),
+                    nframes: rng.u16(..80),
+                    flags: rng.u32(..16),
+                });
+            }
+            let frames: Vec<RawFrame> = (0..rng.usize(..8)).map(|i| frame(i as u64)).collect();
+            let flags = rng.u32(..8) & !TASKS_CONTINUE;
+            if let Some(chain) = chain_of(&mut aw, &sample(pid, 0x100, flags, &tasks, &frames)) {
+                chains += 1;
+                named += chain
+                    .tasks
+                    .iter()
+                    .filter(|t| matches!(t.name, TaskName::Named(_)))
+                    .count();
+                assert!(chain.tasks.len() <= n);
+            }
+        }
+        assert!(
+            chains > 0 && named > 0,
+            "{chains} chains, {named} named tasks"
+        );
+    }
+
     /// A name longer than its captured bytes is read while the object still starts as
     /// captured, and never once another string took its place.
     #[test]

@@ -14,15 +14,16 @@
 # So the task p steps below main (p = 1 .. DEPTH) runs recurse_with_gather when p is odd and
 # recurse_with_task_group when p is even, at level DEPTH - p. The workload counts the tasks it
 # created and writes {"tasks": N, "trees": M} to the file it names before `ready`
-# (`stats_file PATH`), every 0.1 s.
+# (`stats_file PATH`), every 0.1 s. Arguments: DEPTH (default 5) and BRANCHES (default 3).
 import asyncio
 import json
 import os
 import random
+import sys
 import threading
 
-DEPTH = int(os.environ.get("TREE_DEPTH", "5"))
-BRANCHES = int(os.environ.get("TREE_BRANCHES", "3"))
+DEPTH = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+BRANCHES = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 CPU_SHARE = 0.5
 CRUNCH = 2000
 STATS_FILE = f"/tmp/pyebpf-task-tree-{os.getpid()}.json"

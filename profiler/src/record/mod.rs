@@ -19,6 +19,14 @@ use crate::aggregate::Profile;
 use stats::{stats_json, MapReport};
 
 pub(crate) fn run(mut args: RecordArgs) -> Result<i32> {
+    if args.asyncio.task_labels && !args.format.has_labels() {
+        return Err(crate::UsageError(format!(
+            "--task-labels: the {} format has no sample labels; use -f pprof, or drop it",
+            clap::ValueEnum::to_possible_value(&args.format)
+                .map_or_else(String::new, |v| v.get_name().to_string())
+        ))
+        .into());
+    }
     crate::check::preflight(&args.targets.pids)?;
     // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
     let output = args
