@@ -37,6 +37,8 @@ def bpf_us(s):
     return (s["bpf_run_time_ns"] - 100 * k["not_python"]) / max(k["emitted"], 1) / 1e3
 s = json.load(open(f"{out}/async.json"))
 a = s["async"]
+# Builds before issue 20 did not count unreadable tasks apart: they are the rest.
+a.setdefault("task_unreadable", a["task_samples"] - a["rewritten"] - a["frame_not_found"])
 stacks = [l.rsplit(" ", 1) for l in open(f"{out}/async.txt") if l.strip()]
 tasks = [(st.split(";"), int(c)) for st, c in stacks if "<task " in st]
 by_function = {tuple(re.sub(r" \(.*\)$", "", f) for f in st) for st, _ in tasks}
@@ -49,7 +51,7 @@ print(f"python{version}: {s['kernel']['emitted']} samples for {cpu:.2f} CPU s at
       f"{pct(a['task_unreadable']):.1f} % task unreadable")
 print(f"  {len(stacks)} distinct stacks, {len(tasks)} with task frames "
       f"({sum(c for _, c in tasks)} samples; {len(by_function)} by function); "
-      f"task frames: {', '.join(sorted(names))}")
+      f"{len(names)} distinct task frames: {', '.join(sorted(names)[:4])}{', ...' if len(names) > 4 else ''}")
 print(f"  BPF {bpf_us(s):.2f} us/sample with --async, "
       f"{bpf_us(json.load(open(f'{out}/plain.json'))):.2f} without")
 PY
