@@ -629,3 +629,58 @@ fn the_task_name_label_is_there_only_when_asked() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// `top --async`: the tree's tasks are rows named by their coroutine (and `ingest` by its
+/// name), each with the share of the CPU time spent on its behalf; no `Task-<n>` row.
+#[test]
+fn top_counts_the_time_spent_for_each_task() {
+    let mut failures = Vec::new();
+    for interp in interpreters_logged().iter().filter(|i| i.minor() >= 14) {
+        let label = &interp.label;
+        let tree = Tree::start(interp);
+        let pid = tree.pid().to_string();
+        let out = std::process::Command::new(pyebpf_bin())
+            .args([
+                "top", "--async", "--once", "--delay", "2", "-r", "499", "-p", &pid,
+            ])
+            .output()
+            .expect("running pyebpf top");
+        drop(tree);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Rows: `%Own %Total OwnTime TotalTime Process… Function`.
+        let total = |task: &str| {
+            stdout
+                .lines()
+                .find(|l| l.trim_end().ends_with(&format!("<task {task}>")))
+                .and_then(|l| l.split_whitespace().nth(1)?.strip_suffix('%')?.parse().ok())
+                .unwrap_or(0.0f64)
+        };
+        let (main, gather, group, ingest) = (
+            total("main"),
+            total("AsyncTree.recurse_with_gather"),
+            total("AsyncTree.recurse_with_task_group"),
+            total("ingest"),
+        );
+        eprintln!(
+            "{label}: %Total of <task main> {main}, recurse_with_gather {gather}, \
+             recurse_with_task_group {group}, ingest {ingest}"
+        );
+        // Every tree task's time is also main's; the named task runs beside the tree.
+        let ok = out.status.success()
+            && main > 0.0
+            && gather > 0.0
+            && group > 0.0
+            && ingest > 0.0
+            && gather <= main
+            && main + ingest <= 100.0
+            && !stdout.contains("<task Task-");
+        if !ok {
+            failures.push(format!(
+                "{label}: status {}\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
