@@ -258,9 +258,10 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
             None => bump(stat::NATIVE_ERRORS),
         }
     }
-    // `--async`: at most one extra read, only for processes that asked for it. Last, so that
-    // its branch does not double the states the verifier explores through the walk (6.1
-    // refused the `--debug-bpf` build at 1M instructions with this read before the walk).
+    // `--async`: the running task and the chain of tasks awaiting it (see `tasks`), only for
+    // processes that asked for it. Last, so that its branch does not double the states the
+    // verifier explores through the walk (6.1 refused the `--debug-bpf` build at 1M
+    // instructions with the running task's read before the walk).
     crate::tasks::capture(sample, tstate, proc, layout);
     // A young process's samples go out at once (see `ProcInfo::eager_samples`).
     let mut eager = false;
