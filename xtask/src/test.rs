@@ -1,9 +1,11 @@
 //! `cargo xtask test`: the project's one test command.
 //!
 //! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
-//! consumer tests) -> sid root -> build `pyebpf` -> `cargo test --workspace` with
-//! `PYEBPF_BIN`, `PYEBPF_SID_ROOT` and the consumers' paths (`consumers::Consumers::env`) set
-//! for the integration tests.
+//! consumer tests) -> the Python venv (the OTLP receiver's protocol classes) -> sid root ->
+//! podman and the Python image (for the container tests) -> build `pyebpf` -> the pyebpf image
+//! from it -> `cargo test --workspace` with `PYEBPF_BIN`, `PYEBPF_SID_ROOT`,
+//! `PYEBPF_TEST_VENV`, the images (`PYEBPF_TEST_IMAGE`, `PYEBPF_TEST_PYTHON_IMAGE`) and the
+//! consumers' paths (`consumers::Consumers::env`) set for the integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
 
@@ -12,9 +14,11 @@ use clap::Args;
 
 use crate::apt;
 use crate::consumers;
+use crate::image;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
+use crate::venv;
 
 #[derive(Args, Debug)]
 pub struct TestArgs {
@@ -83,6 +87,18 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let consumers = consumers::ensure();
     done("consumers", &mut lap);
 
+    // tests/tests/agent.rs's OTLP receiver decodes with the upstream protocol classes
+    // (opentelemetry-proto from PyPI). Not fatal: without them those tests fail and say why.
+    util::step("the tests' Python venv (the OTLP receiver's protocol classes)");
+    let venv = match venv::ensure() {
+        Ok(venv) => Some(venv),
+        Err(err) => {
+            eprintln!("{err:#}; the OTLP tests will fail");
+            None
+        }
+    };
+    done("venv", &mut lap);
+
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);
     if args.no_sidroot {
@@ -95,11 +111,29 @@ pub fn test(args: &TestArgs) -> Result<()> {
     }
     done("sid root", &mut lap);
 
+    // tests/tests/kubernetes.rs runs Python in podman containers (the sid root imported as an
+    // image) and the pyebpf image as the DaemonSet runs it. Not fatal: those tests fail and
+    // say why.
+    let containers = image::ensure_podman().and_then(|()| image::ensure_python_image(&sid_root));
+    if let Err(err) = &containers {
+        eprintln!("{err:#}; the container tests will fail");
+    }
+    done("podman", &mut lap);
+
     util::step("build pyebpf (debug)");
     util::run(util::cargo().args(["build", "-p", "profiler"]))
         .context("building pyebpf failed (errors above)")?;
     let bin = util::target_dir().join("debug/pyebpf");
     done("build", &mut lap);
+
+    // The image the DaemonSet runs, from the binary just built: `cargo xtask image` is the same
+    // recipe with the release binary, which the tests need not wait for.
+    if containers.is_ok() {
+        if let Err(err) = image::build(&bin, image::TEST_TAG, None) {
+            eprintln!("{err:#}; the image tests will fail");
+        }
+    }
+    done("image", &mut lap);
 
     util::step("cargo test --workspace");
     let (cargo_args, harness_args) = split_at_dashdash(&args.args);
@@ -109,8 +143,13 @@ pub fn test(args: &TestArgs) -> Result<()> {
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
         .env("PYEBPF_TEST_RUNS", &runs)
-        .envs(consumers.env())
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .env("PYEBPF_TEST_IMAGE", image::TEST_TAG)
+        .env("PYEBPF_TEST_PYTHON_IMAGE", image::PYTHON_IMAGE)
+        .envs(consumers.env());
+    if let Some(venv) = &venv {
+        cmd.env("PYEBPF_TEST_VENV", venv);
+    }
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");
     if !harness_args

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::labels::{process_labels, Label, LabelSetId};
+use super::labels::{Label, LabelSetId};
 use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
 use crate::discovery::PythonProcess;
 use crate::resolve::Mixed;
@@ -239,12 +239,17 @@ impl Aggregator {
                     stack.push(self.python_node(sample.pid, frame, &mut last));
                     continue;
                 }
-                Mixed::Native { function, module } => self.profile.intern(Frame {
+                Mixed::Native {
+                    function,
+                    module,
+                    build_id,
+                } => self.profile.intern(Frame {
                     kind: FrameKind::Native,
                     name: function.clone(),
                     file: Some(module.clone()),
                     first_line: 0,
                     line: 0,
+                    build_id: build_id.clone(),
                 }),
                 Mixed::Marker(text) => self
                     .profile
@@ -292,6 +297,7 @@ impl Aggregator {
                 file: Some(code.filename.as_str().into()),
                 first_line: code.firstlineno,
                 line: frame.line,
+                build_id: None,
             }),
             None => self
                 .profile
@@ -315,4 +321,10 @@ fn bounded_insert<V>(cache: &mut FxHashMap<(u32, u32), V>, key: (u32, u32), valu
         cache.clear();
     }
     cache.insert(key, value);
+}
+
+/// What every sample of `process` carries besides pid, tid and thread name (see
+/// [`crate::identity::sample_labels`]).
+fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
+    crate::identity::sample_labels(&process.command, &process.identity)
 }
