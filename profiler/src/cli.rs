@@ -357,8 +357,8 @@ pub struct AsyncArgs {
     #[arg(long = "async")]
     pub async_tasks: bool,
     /// With --async, give each sample taken while a task ran a `task_name` label holding the
-    /// task's own name (`Task-<n>` for asyncio's default names), for pprof (and the formats
-    /// built on its labels). Off by default: a program that makes many tasks makes as many
+    /// task's own name (`Task-<n>` for asyncio's default names), in pprof and OTLP (a sample
+    /// attribute) and in what the agent exports. Off by default: a program that makes many tasks makes as many
     /// label values, and the profile grows with them.
     #[arg(long, requires = "async_tasks")]
     pub task_labels: bool,

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use tests::pprof::Pprof;
+use tests::pprof::{Pprof, Trace};
 use tests::{
     interpreters_logged, parse_label, pyebpf_bin, record, temp_path, Interpreter, Recording,
     Workload,
@@ -533,7 +533,8 @@ fn a_task_tree_folds_into_its_coroutines() {
 }
 
 /// `--task-labels` puts the running task's own name in a `task_name` sample label, as `go tool
-/// pprof` reads it; without it, no sample has one.
+/// pprof` reads it from pprof and the upstream `opentelemetry-proto` classes read it from OTLP
+/// (a sample attribute); without it, no sample has one.
 #[test]
 fn the_task_name_label_is_there_only_when_asked() {
     let mut failures = Vec::new();
@@ -542,9 +543,15 @@ fn the_task_name_label_is_there_only_when_asked() {
         let label = &interp.label;
         let tree = Tree::start(interp);
         let pid = tree.pid().to_string();
-        for with_labels in [true, false] {
-            let path = temp_path("task-labels", "pb.gz");
-            let mut args = vec!["record", "-f", "pprof", "-d", "3", "-r", "499", "-p", &pid];
+        for (format, with_labels) in [
+            ("pprof", true),
+            ("pprof", false),
+            ("otlp", true),
+            ("otlp", false),
+        ] {
+            let label = format!("{label} -f {format}");
+            let path = temp_path("task-labels", format);
+            let mut args = vec!["record", "-f", format, "-d", "3", "-r", "499", "-p", &pid];
             args.push("--async");
             if with_labels {
                 args.push("--task-labels");
@@ -562,7 +569,10 @@ fn the_task_name_label_is_there_only_when_asked() {
                 ));
                 continue;
             }
-            let traces = pprof.traces(&path, &[]);
+            let traces = match format {
+                "pprof" => pprof.traces(&path, &[]),
+                _ => otlp_traces(&path, tree.pid()),
+            };
             let _ = std::fs::remove_file(&path);
             // Leaf first: the root task is the last frame.
             let in_tasks: Vec<_> = traces
@@ -628,6 +638,35 @@ fn the_task_name_label_is_there_only_when_asked() {
         drop(tree);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A `record -f otlp` file as the upstream classes decode it, as pprof-like traces of `pid`'s
+/// samples: function names leaf first (without `file:line`), string attributes as labels.
+fn otlp_traces(path: &std::path::Path, pid: u32) -> Vec<Trace> {
+    let request = tests::otlp::decode_file(path);
+    assert_eq!(request["problems"], serde_json::json!([]), "{request}");
+    let resources = tests::otlp::resources_with(&request, "process.pid", &serde_json::json!(pid));
+    assert_eq!(resources.len(), 1, "one resource per process: {request}");
+    tests::otlp::samples(resources[0])
+        .into_iter()
+        .map(|s| Trace {
+            labels: s
+                .attributes
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect(),
+            count: s.value,
+            stack: s
+                .frames
+                .iter()
+                .map(|f| {
+                    f.rsplit_once(' ')
+                        .map_or(f.as_str(), |(name, _)| name)
+                        .to_string()
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// `top --async`: the tree's tasks are rows named by their coroutine (and `ingest` by its

@@ -26,7 +26,7 @@ use stats::{stats_json, MapReport};
 pub(crate) fn run(mut args: RecordArgs) -> Result<i32> {
     if args.asyncio.task_labels && !args.format.has_labels() {
         return Err(crate::UsageError(format!(
-            "--task-labels: the {} format has no sample labels; use -f pprof, or drop it",
+            "--task-labels: the {} format has no sample labels; use -f pprof or -f otlp, or drop it",
             clap::ValueEnum::to_possible_value(&args.format)
                 .map_or_else(String::new, |v| v.get_name().to_string())
         ))
