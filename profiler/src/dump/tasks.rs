@@ -41,10 +41,16 @@ pub(crate) fn tasks(
     let (layout_a, _found) = locate(proc)?;
     let mem = ProcessMemory::new(proc.pid);
     let addrs = all_tasks(&mem, proc, &layout_a)?;
-    let mut out = Vec::with_capacity(addrs.len());
-    for addr in addrs {
+    // Every task first, symbols after: the program keeps running, and a task that finishes
+    // while the reads of the others wait on symbolization is freed before it is read.
+    let read: Vec<_> = addrs
+        .iter()
+        .map(|&addr| (addr, read_task(&mem, &proc.layout, &layout_a, addr)))
+        .collect();
+    let mut out = Vec::with_capacity(read.len());
+    for (addr, task) in read {
         let id = format!("{addr:#x}");
-        match read_task(&mem, &proc.layout, &layout_a, addr) {
+        match task {
             Ok(task) => out.push(TaskDump {
                 id,
                 name: task.name,

@@ -419,7 +419,7 @@ pub(crate) fn read_task(
         (set, Some(1)) => read_set(mem, &a.coroutines, set)?,
         (one, _) => vec![one],
     };
-    let name = read_name(mem, layout, &a.coroutines, name_ptr);
+    let name = read_name(mem, layout, &a.coroutines, task, name_ptr)?;
     let (coro_frames, coro_truncated) = coro_chain(mem, layout, a, coro)?;
     Ok(TaskInfo {
         addr: task,
@@ -475,18 +475,31 @@ pub(crate) fn read_set(
     Ok(out)
 }
 
-/// A task's name: a `str`, or the `int` n of an unnamed task (`Task-n`). Never fails: what
+/// A task's name: a `str`, or the `int` n of an unnamed task (`Task-n`); CPython keeps nothing
+/// else there (`set_name` stores `str(value)`). So a name that is neither, or none, means the
+/// object is no longer a task (freed, its memory reused while the process runs) and `task` is
+/// not read, rather than shown under a name that is not its own. A `str` or `int` whose value
 /// cannot be read is named by its address.
-fn read_name(mem: &ProcessMemory, layout: &PyLayout, o: &CoroutineLayout, name: u64) -> String {
+fn read_name(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    o: &CoroutineLayout,
+    task: u64,
+    name: u64,
+) -> Result<String, AsyncError> {
+    let not_a_task = |what: String| AsyncError::NotATask { addr: task, what };
     if name == 0 {
-        return "Task-?".to_string();
+        return Err(not_a_task("it has no name".to_string()));
     }
     match type_name(mem, layout, name).as_deref() {
-        Ok("str") => read_str(mem, layout, name).unwrap_or_else(|_| format!("{name:#x}")),
-        Ok("int") => read_small_int(mem, o, name)
+        Ok("str") => Ok(read_str(mem, layout, name).unwrap_or_else(|_| format!("{name:#x}"))),
+        Ok("int") => Ok(read_small_int(mem, o, name)
             .map(|n| format!("Task-{n}"))
-            .unwrap_or_else(|| format!("Task-{name:#x}")),
-        _ => format!("{name:#x}"),
+            .unwrap_or_else(|| format!("Task-{name:#x}"))),
+        Ok(other) => Err(not_a_task(format!(
+            "its name is a {other:?}, neither a str nor an int"
+        ))),
+        Err(e) => Err(not_a_task(format!("its name's type is unreadable: {e}"))),
     }
 }
 
@@ -866,6 +879,23 @@ mod tests {
         assert_eq!(info.name, "Task-7");
         assert_eq!(info.awaited_by, [0xa000, 0xb000]);
         assert_eq!(info.coro_frames.len(), 2);
+        // A name that is neither a str nor an int: the memory is no longer a task.
+        let mut float_ty = vec![0u64; 64];
+        let float_name = b"float\0".to_vec();
+        float_ty[layout.tp_name as usize / 8] = float_name.as_ptr() as u64;
+        let mut float = [0u64; 8];
+        float[layout.ob_type as usize / 8] = float_ty.as_ptr() as u64;
+        task[t.name as usize / 8] = float.as_ptr() as u64;
+        assert!(matches!(
+            read_task(&mem, &layout, &a, task.as_ptr() as u64),
+            Err(AsyncError::NotATask { what, .. }) if what.contains("\"float\"")
+        ));
+        task[t.name as usize / 8] = 0;
+        assert!(matches!(
+            read_task(&mem, &layout, &a, task.as_ptr() as u64),
+            Err(AsyncError::NotATask { .. })
+        ));
+        task[t.name as usize / 8] = seven.as_ptr() as u64;
         // Not a task.
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut task);
         bytes[t.is_task as usize] = 0;
