@@ -723,3 +723,81 @@ fn top_counts_the_time_spent_for_each_task() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// `dump --async` keeps the raw names the profiles fold: on the task tree, every task it reads
+/// is `ingest` or asyncio's `Task-<n>` (the `asyncio.run` task, created first, `Task-1`),
+/// never the coroutine name `record` shows instead.
+#[test]
+fn dump_keeps_the_raw_task_names() {
+    let mut failures = Vec::new();
+    for interp in interpreters_logged().iter().filter(|i| i.minor() >= 14) {
+        let label = &interp.label;
+        let tree = Tree::start(interp);
+        let out = std::process::Command::new(pyebpf_bin())
+            .args(["dump", "--json", "--async", "-p", &tree.pid().to_string()])
+            .output()
+            .expect("running pyebpf dump");
+        drop(tree);
+        if !out.status.success() {
+            failures.push(format!(
+                "{label}: dump failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            continue;
+        }
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("dump is JSON");
+        let tasks = doc["processes"][0]["tasks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        // The tree churns while dump reads it (a level's tasks all finish at once): a task freed
+        // between the listing and its read is reported as unreadable, however many that is.
+        let read: Vec<_> = tasks.iter().filter(|t| t["error"].is_null()).collect();
+        let name = |t: &serde_json::Value| t["name"].as_str().unwrap_or("").to_string();
+        // Innermost frame last: the coroutine the task was created with.
+        let coroutine = |t: &serde_json::Value| {
+            t["coroutine_stack"]
+                .as_array()
+                .and_then(|s| s.last())
+                .and_then(|f| f["function"].as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let default = |n: &str| {
+            n.strip_prefix("Task-")
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let odd: Vec<_> = read
+            .iter()
+            .filter(|t| name(t) != "ingest" && !default(&name(t)))
+            .map(|t| (name(t), coroutine(t)))
+            .collect();
+        let main: Vec<_> = read
+            .iter()
+            .filter(|t| coroutine(t) == "main")
+            .map(|t| name(t))
+            .collect();
+        let tree_tasks = read
+            .iter()
+            .filter(|t| coroutine(t).starts_with("AsyncTree.recurse_with_") && default(&name(t)))
+            .count();
+        eprintln!(
+            "{label}: {} tasks, {} read, {tree_tasks} tree tasks named Task-<n>, main {main:?}",
+            tasks.len(),
+            read.len()
+        );
+        if !odd.is_empty()
+            || main != ["Task-1"]
+            || !read.iter().any(|t| name(t) == "ingest")
+            || tree_tasks < 10
+        {
+            failures.push(format!(
+                "{label}: names other than ingest and Task-<n>: {odd:?}; main task {main:?}; \
+                 {tree_tasks} tree tasks named Task-<n>; {} of {} tasks read",
+                read.len(),
+                tasks.len()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
