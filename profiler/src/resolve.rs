@@ -432,7 +432,7 @@ impl Resolver {
             };
             let line = code
                 .as_ref()
-                .map(|c| c.line_at_instr(layout, rec.code, rec.instr))
+                .map(|c| self.symbols.line(pid, layout, rec.code, c, rec.instr))
                 .unwrap_or(0);
             if code.is_none() {
                 self.stats.unknown_frames += 1;

@@ -208,7 +208,7 @@ pub(super) fn frame(
         Some(c) => (
             c.qualname.clone(),
             c.filename.clone(),
-            c.line_at_instr(layout, rec.code, rec.instr),
+            symbols.line(proc.pid, layout, rec.code, c, rec.instr),
         ),
         None => (format!("<code at {:#x}>", rec.code), "?".into(), 0),
     };
