@@ -63,7 +63,8 @@ pub(crate) struct Resolved<'a> {
     pub truncated: bool,
     /// A read failed mid-walk; `frames` are its top part.
     pub partial: bool,
-    /// The thread held the GIL (kernel samples of layouts that locate it, with `--gil`).
+    /// The thread held the GIL (kernel samples of layouts that locate it, with `--gil`), or
+    /// ran in a free-threaded build, which has none to wait for.
     pub holds_gil: bool,
     /// An off-CPU stack from the thread list (`--idle`), not a kernel sample.
     pub idle: bool,
@@ -154,7 +155,8 @@ impl Resolver {
             mixed: mixed.then_some(&self.mixed[..]),
             truncated,
             partial: header.flags & SAMPLE_READ_ERROR != 0,
-            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0,
+            // A free-threaded build has no GIL: every running thread runs as its holder would.
+            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0 || process.layout.free_threaded,
             idle: false,
             weight: 1,
         };

@@ -249,7 +249,11 @@ fn build(tarball: &Path, work: &Path, dir: &Path) -> Result<String> {
     let t = Instant::now();
     logged(
         "unpacking the source",
-        Command::new("tar").arg("-xJf").arg(tarball).arg("-C").arg(work),
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(tarball)
+            .arg("-C")
+            .arg(work),
         &log,
         &log_path,
         None,
@@ -286,7 +290,10 @@ fn build(tarball: &Path, work: &Path, dir: &Path) -> Result<String> {
         &log_path,
         None,
     )?;
-    eprintln!("compiled and installed in {:.0}s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "compiled and installed in {:.0}s",
+        t.elapsed().as_secs_f64()
+    );
     let staged = dest.join(dir.strip_prefix("/").unwrap_or(dir));
     let version = verify(&staged).or_else(|_| {
         // Run from its staging place, it still looks for its library under the final prefix
@@ -356,7 +363,10 @@ fn logged(
     };
     if !status.success() {
         show_tail(log_path);
-        bail!("{what} failed ({status}); the whole log is {}", log_path.display());
+        bail!(
+            "{what} failed ({status}); the whole log is {}",
+            log_path.display()
+        );
     }
     eprintln!("  {what}: done in {:.0}s", t.elapsed().as_secs_f64());
     Ok(())
@@ -406,10 +416,7 @@ fn remove_leftovers(parent: &Path, name: &str) {
     };
     for e in entries.flatten() {
         if e.file_name().to_string_lossy().starts_with(&prefix) {
-            eprintln!(
-                "removing {} (an interrupted build)",
-                e.path().display()
-            );
+            eprintln!("removing {} (an interrupted build)", e.path().display());
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

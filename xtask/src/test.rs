@@ -1,9 +1,9 @@
 //! `cargo xtask test`: the project's one test command.
 //!
 //! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
-//! consumer tests) -> sid root -> build `pyebpf` -> `cargo test --workspace` with
-//! `PYEBPF_BIN`, `PYEBPF_SID_ROOT` and the consumers' paths (`consumers::Consumers::env`) set
-//! for the integration tests.
+//! consumer tests) -> sid root -> free-threaded CPython 3.13 -> build `pyebpf` ->
+//! `cargo test --workspace` with `PYEBPF_BIN`, `PYEBPF_SID_ROOT`, `PYEBPF_FREETHREADED` and the
+//! consumers' paths (`consumers::Consumers::env`) set for the integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
 
@@ -12,14 +12,16 @@ use clap::Args;
 
 use crate::apt;
 use crate::consumers;
+use crate::freethreaded::{self, FreethreadedArgs};
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
 
 #[derive(Args, Debug)]
 pub struct TestArgs {
-    /// Don't build the sid root: the 3.13-3.15 tests then fail unless it already exists
-    /// (narrow the interpreters with PYEBPF_TEST_INTERPRETERS to leave them out on purpose).
+    /// Don't build the sid root nor the free-threaded CPython: the 3.13-3.15 and 3.13t tests
+    /// then fail unless they already exist (narrow the interpreters with
+    /// PYEBPF_TEST_INTERPRETERS to leave them out on purpose).
     #[arg(long)]
     pub no_sidroot: bool,
     /// Skip the `cargo fmt --check` that normally runs first.
@@ -95,6 +97,21 @@ pub fn test(args: &TestArgs) -> Result<()> {
     }
     done("sid root", &mut lap);
 
+    // Every per-interpreter test runs on a free-threaded build too; none can be installed, so
+    // it is built from source once (~8 min on 2 idle CPUs) and cached.
+    let ft_args = FreethreadedArgs::default();
+    let ft_dir = freethreaded::build_dir(&ft_args);
+    if args.no_sidroot {
+        eprintln!(
+            "free-threaded CPython not requested (--no-sidroot); the 3.13t tests need {} to exist",
+            ft_dir.display()
+        );
+    } else {
+        freethreaded::freethreaded(&ft_args)
+            .context("the free-threaded CPython 3.13 could not be built; the tests need it")?;
+    }
+    done("free-threaded CPython", &mut lap);
+
     util::step("build pyebpf (debug)");
     util::run(util::cargo().args(["build", "-p", "profiler"]))
         .context("building pyebpf failed (errors above)")?;
@@ -108,6 +125,7 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let mut cmd = util::cargo();
     cmd.env("PYEBPF_BIN", &bin)
         .env("PYEBPF_SID_ROOT", &sid_root)
+        .env("PYEBPF_FREETHREADED", &ft_dir)
         .env("PYEBPF_TEST_RUNS", &runs)
         .envs(consumers.env())
         .args(["test", "--workspace", "--no-fail-fast"])

@@ -331,7 +331,10 @@ mod tests {
         // The code's own bytecode, and copy 2.
         let own = array[1];
         assert_eq!(info.line_at_instr(&layout, code_addr, own + 12), 13);
-        assert_eq!(info.line_at_instr(&layout, code_addr, at(&copies[0]) + 4), 11);
+        assert_eq!(
+            info.line_at_instr(&layout, code_addr, at(&copies[0]) + 4),
+            11
+        );
         assert_eq!(
             info.bytecode_start(&layout, code_addr, at(&copies[0]) + 15),
             Some(at(&copies[0]))

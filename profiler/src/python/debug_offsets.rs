@@ -591,7 +591,12 @@ pub fn parse(bytes: &[u8]) -> Result<PyLayout, DebugOffsetsError> {
         entries,
     };
     validate(&values, free_threaded)?;
-    build(PyVersion::from_hex(hex), &values, &known.facts, free_threaded)
+    build(
+        PyVersion::from_hex(hex),
+        &values,
+        &known.facts,
+        free_threaded,
+    )
 }
 
 /// Cheap consistency checks: a struct decoded with the wrong field list (or garbage) fails
@@ -731,11 +736,8 @@ fn build(
     };
     // A free-threaded build has no GIL to test: `--gil` keeps all of its samples (userspace
     // decides that from `free_threaded`; the kernel locates nothing).
-    let (gil_flags, gil_offset, gil_locked, gil_last_holder) = if free_threaded {
-        (0, 0, 0, 0)
-    } else {
-        gil(v)?
-    };
+    let (gil_flags, gil_offset, gil_locked, gil_last_holder) =
+        if free_threaded { (0, 0, 0, 0) } else { gil(v)? };
     let kernel = PyOffsets {
         executable_mask: facts.executable_mask,
         runtime_interpreters_head: v.offset("runtime_state", "interpreters_head")?,
@@ -937,6 +939,16 @@ pub(crate) mod fixtures {
         24, 72, 67, 0, 8, 24, 344, 8028, 0, 4, 512,
     ];
 
+    /// The free-threaded 3.13.15 that `cargo xtask freethreaded` builds (x86-64): the same
+    /// shape as 3.13.18's, with a 32-byte object header (`pyobject` {32, 24}) moving every
+    /// object field by 16.
+    pub(crate) const FT_3_13_15: &[u64] = &[
+        0x30d0ff0, 1, 328384, 608, 632, 215616, 7272, 7264, 7344, 7400, 7664, 7648, 7656, 16, 7760,
+        0, 7784, 7776, 312, 0, 8, 16, 72, 152, 160, 232, 32, 80, 8, 0, 56, 72, 70, 224, 128, 136,
+        144, 152, 84, 68, 112, 120, 216, 32, 24, 432, 40, 104, 184, 48, 40, 32, 56, 40, 32, 64, 48,
+        56, 40, 32, 48, 32, 40, 56, 32, 48, 80, 48, 32, 56, 248, 200,
+    ];
+
     pub(crate) fn real(words: &[u64]) -> Vec<u8> {
         let mut out = COOKIE.to_vec();
         for w in words {
@@ -946,12 +958,15 @@ pub(crate) mod fixtures {
         out
     }
 
-    /// The layouts of the real 3.13–3.15 structs above.
+    /// The layouts of the real 3.13–3.15 structs above (the free-threaded 3.13t included),
+    /// and of the made-up free-threaded 3.14.
     pub(crate) fn layouts() -> Vec<PyLayout> {
-        [SID_3_13_18, SID_3_14_10, SID_3_15_2]
+        let mut all: Vec<PyLayout> = [SID_3_13_18, SID_3_14_10, SID_3_15_2, FT_3_13_15]
             .into_iter()
             .map(|words| parse(&real(words)).expect("a real struct parses"))
-            .collect()
+            .collect();
+        all.push(free_threaded_314_layout());
+        all
     }
 }
 
@@ -1018,11 +1033,49 @@ mod tests {
     }
 
     #[test]
+    fn real_free_threaded_313() {
+        let known = known_for(FT_3_13_15[0]).unwrap();
+        assert_eq!(known.sections, SECTIONS_313);
+        assert_eq!(struct_size(known), COOKIE.len() + 8 * FT_3_13_15.len());
+        let l = parse(&real(FT_3_13_15)).unwrap();
+        let gil = parse(&real(SID_3_13_18)).unwrap();
+        assert!(l.free_threaded && !gil.free_threaded);
+        assert_eq!(l.version.to_string(), "3.13.15");
+        // The object header is 16 bytes larger: every object field moves by 16 ...
+        assert_eq!((l.ob_type, gil.ob_type), (24, 8));
+        assert_eq!(l.code.filename, gil.code.filename + 16);
+        assert_eq!(l.code.code_adaptive, gil.code.code_adaptive + 16);
+        assert_eq!(l.objects.cell_ref, 32);
+        assert_eq!((l.unicode.ascii_data, l.unicode.compact_data), (56, 72));
+        assert_eq!(l.kernel.code_tag_offset, gil.kernel.code_tag_offset + 16);
+        // ... while the thread state and frame offsets are the GIL build's (a
+        // `_PyThreadStateImpl` begins with its `PyThreadState`).
+        let (k, g) = (l.kernel, gil.kernel);
+        assert_eq!(
+            (
+                k.tstate_next,
+                k.tstate_native_thread_id,
+                k.tstate_current_frame
+            ),
+            (
+                g.tstate_next,
+                g.tstate_native_thread_id,
+                g.tstate_current_frame
+            )
+        );
+        assert_eq!(
+            (k.frame_previous, k.frame_owner),
+            (g.frame_previous, g.frame_owner)
+        );
+        // No GIL to test, no per-thread bytecode before 3.14, the GIL build's unicode bits.
+        assert_eq!(k.flags & profiler_common::LAYOUT_GIL_MASK, 0);
+        assert_eq!(l.code.tlbc, 0);
+        assert_eq!(l.unicode.kind_shift, 2);
+    }
+
+    #[test]
     fn free_threaded_builds() {
-        for (hex, sections) in [
-            (0x030e_0af0u64, SECTIONS_314),
-            (0x030f_02f0, SECTIONS_315),
-        ] {
+        for (hex, sections) in [(0x030e_0af0u64, SECTIONS_314), (0x030f_02f0, SECTIONS_315)] {
             let mut bytes = synthetic(hex, sections, free_threaded_314);
             bytes[16] = 1;
             let l = parse(&bytes).unwrap();
@@ -1048,7 +1101,10 @@ mod tests {
         });
         bytes[16] = 1;
         let err = parse(&bytes).unwrap_err();
-        assert!(err.to_string().contains("free-threaded object header"), "{err}");
+        assert!(
+            err.to_string().contains("free-threaded object header"),
+            "{err}"
+        );
         // `co_tlbc` outside the code object.
         let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, |s, f| match (s, f) {
             ("code_object", "co_tlbc") => 5000,
