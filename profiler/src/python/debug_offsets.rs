@@ -48,8 +48,19 @@ pub enum DebugOffsetsError {
         PyVersion::from_hex(*version)
     )]
     UnsupportedVersion { version: u64 },
-    #[error("CPython {} (PY_VERSION_HEX {version:#x}): implausible _Py_DebugOffsets: {what}", PyVersion::from_hex(*version))]
-    Implausible { version: u64, what: String },
+    /// The struct does not describe memory pyebpf could walk safely: the process is left alone.
+    #[error(
+        "CPython {}{} (PY_VERSION_HEX {version:#x}): implausible _Py_DebugOffsets: {what}; pyebpf \
+         does not walk an interpreter whose offsets it cannot trust (if this is a CPython release, \
+         report it with the output of `pyebpf check --json`)",
+        PyVersion::from_hex(*version),
+        if *free_threaded { " free-threaded" } else { "" }
+    )]
+    Implausible {
+        version: u64,
+        free_threaded: bool,
+        what: String,
+    },
 }
 
 /// One section of the struct: its name and its fields, in declaration order.
@@ -495,6 +506,7 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// The decoded struct: (section, field) → value.
 struct Values {
     version: u64,
+    free_threaded: bool,
     entries: Vec<(&'static str, &'static str, u64)>,
 }
 
@@ -519,6 +531,7 @@ impl Values {
     fn implausible(&self, what: String) -> DebugOffsetsError {
         DebugOffsetsError::Implausible {
             version: self.version,
+            free_threaded: self.free_threaded,
             what,
         }
     }
@@ -567,6 +580,7 @@ pub fn parse(bytes: &[u8]) -> Result<PyLayout, DebugOffsetsError> {
         other => {
             return Err(DebugOffsetsError::Implausible {
                 version: hex,
+                free_threaded: false,
                 what: format!("free_threaded = {other}"),
             })
         }
@@ -588,6 +602,7 @@ pub fn parse(bytes: &[u8]) -> Result<PyLayout, DebugOffsetsError> {
     }
     let values = Values {
         version: hex,
+        free_threaded,
         entries,
     };
     validate(&values, free_threaded)?;

@@ -1,0 +1,265 @@
+//! Free-threaded CPython (`--disable-gil`; the 3.13t that `cargo xtask freethreaded` builds):
+//! the build really has no GIL, threads running at the same time each get their own stack, and
+//! a free-threaded process whose `_Py_DebugOffsets` do not validate is refused, never walked.
+//!
+//! Every other per-interpreter test runs on the free-threaded build too ([`tests::interpreters`]
+//! lists it); `--gil` on it is checked in `threads_gil.rs`, `check`'s report in `check.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use tests::{
+    interpreters_logged, marker_lines, one_line_error, parse_label, record, record_command,
+    Interpreter, PyLabel, FREETHREADED_LABEL,
+};
+
+/// The free-threaded interpreters of this run (the 3.13t build, unless
+/// `PYEBPF_TEST_INTERPRETERS` leaves it out on purpose: a missing build fails
+/// [`interpreters_logged`]).
+fn free_threaded() -> Vec<Interpreter> {
+    let all = interpreters_logged();
+    let ft: Vec<Interpreter> = all.into_iter().filter(|i| i.free_threaded).collect();
+    if ft.is_empty() {
+        eprintln!(
+            "no free-threaded interpreter in this run ({FREETHREADED_LABEL} left out on purpose)"
+        );
+    }
+    ft
+}
+
+/// The build exists and runs without a GIL: a build that silently kept its GIL (configure
+/// without `--disable-gil`, or `PYTHON_GIL=1`) would pass every other test.
+#[test]
+fn the_free_threaded_build_has_no_gil() {
+    for interp in free_threaded() {
+        let out = interp
+            .command_c(
+                "import sys, sysconfig; \
+                 print(sys._is_gil_enabled(), sysconfig.get_config_var('Py_GIL_DISABLED'))",
+            )
+            .env_remove("PYTHON_GIL")
+            .output()
+            .expect("running the free-threaded interpreter");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            interp.label,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            said.trim(),
+            "False 1",
+            "{}: sys._is_gil_enabled(), Py_GIL_DISABLED",
+            interp.label
+        );
+    }
+}
+
+/// Four threads, each in its own functions, all busy at once: every sample of a thread ends in
+/// that thread's own function at its exact line (never in another thread's, though all four
+/// stacks change millions of times a second side by side), `--threads` shows exactly the four,
+/// and each gets at least half the samples its CPU time stands for.
+#[test]
+fn four_threads_in_parallel_each_get_their_own_stack() {
+    const RATE: f64 = 997.0;
+    let lines = marker_lines("parallel.py");
+    for interp in free_threaded() {
+        // `record -- CMD`: sampled from the program's start, so each thread's own CPU time
+        // (it prints it) × the rate is what that thread should get.
+        let rec = record_command(
+            &interp,
+            "parallel.py",
+            &["3"],
+            &["-r", &RATE.to_string(), "--threads"],
+        );
+        let printed = |name: &str| {
+            rec.stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{}: parallel.py printed no {name}: {}",
+                        interp.label, rec.stdout
+                    )
+                })
+                .to_string()
+        };
+        let tids: Vec<String> = (0..4).map(|i| printed(&format!("t{i}"))).collect();
+        let cpu: Vec<f64> = (0..4)
+            .map(|i| printed(&format!("cpu{i}")).parse().unwrap())
+            .collect();
+        assert!(rec.status.success(), "{}: {}", interp.label, rec.stderr);
+
+        let own = |i: usize| {
+            let work = PyLabel {
+                function: format!("work_{i}"),
+                file: "parallel.py".into(),
+                line: lines[&format!("work_{i}")],
+            };
+            let step = PyLabel {
+                function: format!("step_{i}"),
+                file: "parallel.py".into(),
+                line: lines[&format!("step_{i}")],
+            };
+            (work, step)
+        };
+        let worker_frame = |l: &PyLabel, j: usize| {
+            l.function == format!("work_{j}") || l.function == format!("step_{j}")
+        };
+        // thread id -> (samples, samples ending exactly in its own functions, the others)
+        let mut per_thread: BTreeMap<String, (u64, u64, Vec<String>)> = BTreeMap::new();
+        // Threads with a sample in any thread's work_N/step_N: what `--threads` shows busy.
+        let mut busy: BTreeSet<String> = BTreeSet::new();
+        for (stack, count) in &rec.stacks {
+            let Some(at) = stack.iter().position(|f| f.starts_with("thread ")) else {
+                panic!("{}: a stack without a thread: {stack:?}", interp.label);
+            };
+            let tid = stack[at]["thread ".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_string();
+            let python: Vec<PyLabel> = stack[at + 1..]
+                .iter()
+                .filter_map(|f| parse_label(f))
+                .collect();
+            if python.iter().any(|l| (0..4).any(|j| worker_frame(l, j))) {
+                busy.insert(tid.clone());
+            }
+            let entry = per_thread.entry(tid.clone()).or_default();
+            entry.0 += count;
+            let Some(i) = tids.iter().position(|t| *t == tid) else {
+                // The main thread: its start-up (imports, starting the threads), then a join.
+                continue;
+            };
+            let (work, step) = own(i);
+            let n = python.len();
+            let exact = (n >= 1 && python[n - 1] == work)
+                || (n >= 2 && python[n - 2] == work && python[n - 1] == step);
+            if exact {
+                entry.1 += count;
+            }
+            let foreign = python
+                .iter()
+                .any(|l| (0..4).filter(|&j| j != i).any(|j| worker_frame(l, j)));
+            if foreign || !exact {
+                entry.2.push(format!("{count} × {}", stack.join(";")));
+            }
+        }
+        eprintln!(
+            "{}: per thread (samples, exact): {:?}; CPU s: {cpu:.2?}",
+            interp.label,
+            per_thread
+                .iter()
+                .map(|(t, (n, e, _))| (t.as_str(), *n, *e))
+                .collect::<Vec<_>>()
+        );
+        let expected: BTreeSet<String> = tids.iter().cloned().collect();
+        assert_eq!(
+            busy, expected,
+            "{}: --threads must show the four busy threads, each apart",
+            interp.label
+        );
+        for (i, tid) in tids.iter().enumerate() {
+            let (samples, exact, odd) = &per_thread[tid];
+            assert!(
+                odd.is_empty() && exact == samples,
+                "{}: thread t{i} ({tid}): {exact} of {samples} samples end exactly in work_{i}/step_{i}; the others: {odd:#?}",
+                interp.label
+            );
+            let floor = 0.5 * cpu[i] * RATE;
+            assert!(
+                *samples > 0 && *samples as f64 >= floor,
+                "{}: thread t{i} ({tid}) got {samples} samples for {:.2} s of CPU at {RATE} Hz (floor {floor:.0})",
+                interp.label,
+                cpu[i]
+            );
+        }
+    }
+}
+
+/// A free-threaded process whose `_Py_DebugOffsets` do not validate (here its
+/// `runtime_state.size` overwritten by the process itself, leaving no room for the
+/// `interpreters_head` the walk starts from) is refused in one line naming it, and listed as
+/// not profilable by `check`: pyebpf never walks memory whose layout it cannot trust.
+#[test]
+fn free_threaded_offsets_that_do_not_validate_are_refused() {
+    const CORRUPT: &str = "\
+import ctypes, time
+runtime = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, '_PyRuntime'))
+assert ctypes.string_at(runtime, 8) == b'xdebugpy'
+assert int.from_bytes(ctypes.string_at(runtime + 16, 8), 'little') == 1  # free_threaded
+# cookie, version, free_threaded, then runtime_state.size
+ctypes.memmove(runtime + 24, (8).to_bytes(8, 'little'), 8)
+print('ready', flush=True)
+n = 0
+while True: n = (n * 31 + 7) % 1000003
+";
+    for interp in free_threaded() {
+        let mut child = interp
+            .command_c(CORRUPT)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting the corrupting workload");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready", "{}", interp.label);
+        let pid = child.id();
+
+        let rec = record(&["-p", &pid.to_string(), "-d", "1"]);
+        let check = Command::new(tests::pyebpf_bin())
+            .args(["check", "--json"])
+            .output()
+            .expect("running pyebpf check");
+        let _ = child.kill();
+        let _ = child.wait();
+
+        assert_eq!(
+            rec.status.code(),
+            Some(2),
+            "{}: {}",
+            interp.label,
+            rec.stderr
+        );
+        let error = one_line_error(&rec.stderr);
+        eprintln!("{}: {error}", interp.label);
+        assert!(
+            error.contains(&pid.to_string())
+                && error.contains("free-threaded")
+                && error.contains("runtime_state.interpreters_head"),
+            "{}: {error}",
+            interp.label
+        );
+        assert_eq!(
+            rec.total(),
+            0,
+            "{}: samples of a refused process",
+            interp.label
+        );
+
+        let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+        let refused = report["processes"]["unsupported"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: check does not list pid {pid} as not profilable: {:#}",
+                    interp.label, report["processes"]
+                )
+            });
+        assert!(
+            refused["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("implausible _Py_DebugOffsets")),
+            "{}: {refused}",
+            interp.label
+        );
+    }
+}
