@@ -66,11 +66,12 @@ fn four_threads_in_parallel_each_get_their_own_stack() {
     let lines = marker_lines("parallel.py");
     for interp in free_threaded() {
         // `record -- CMD`: sampled from the program's start, so each thread's own CPU time
-        // (it prints it) × the rate is what that thread should get.
+        // (it prints it) × the rate is what that thread should get. The threads run until each
+        // has had 0.5 s of CPU, however busy the machine is.
         let rec = record_command(
             &interp,
             "parallel.py",
-            &["3"],
+            &["0.5"],
             &["-r", &RATE.to_string(), "--threads"],
         );
         let printed = |name: &str| {
@@ -137,15 +138,16 @@ fn four_threads_in_parallel_each_get_their_own_stack() {
             let n = python.len();
             let exact = (n >= 1 && python[n - 1] == work)
                 || (n >= 2 && python[n - 2] == work && python[n - 1] == step);
-            if exact {
-                entry.1 += count;
-            }
+            let in_own = python.iter().any(|l| worker_frame(l, i));
             let foreign = python
                 .iter()
                 .any(|l| (0..4).filter(|&j| j != i).any(|j| worker_frame(l, j)));
-            if foreign || !exact {
+            if in_own && exact && !foreign {
+                entry.1 += count;
+            } else if in_own || foreign {
                 entry.2.push(format!("{count} × {}", stack.join(";")));
             }
+            // Else the thread's own start-up, before it entered work_N (`run`, `Event.set`).
         }
         eprintln!(
             "{}: per thread (samples, exact): {:?}; CPU s: {cpu:.2?}",
@@ -163,9 +165,12 @@ fn four_threads_in_parallel_each_get_their_own_stack() {
         );
         for (i, tid) in tids.iter().enumerate() {
             let (samples, exact, odd) = &per_thread[tid];
+            // Every sample in its own work_N ends there exactly; none has another thread's
+            // frames; the few others are its start-up.
+            let startup = samples - exact - odd.len() as u64;
             assert!(
-                odd.is_empty() && exact == samples,
-                "{}: thread t{i} ({tid}): {exact} of {samples} samples end exactly in work_{i}/step_{i}; the others: {odd:#?}",
+                odd.is_empty() && startup <= 2.max(samples / 20),
+                "{}: thread t{i} ({tid}): {exact} of {samples} samples end exactly in work_{i}/step_{i}, {startup} in its start-up; the others: {odd:#?}",
                 interp.label
             );
             let floor = 0.5 * cpu[i] * RATE;
