@@ -6,11 +6,15 @@
 //! lists it); `--gil` on it is checked in `threads_gil.rs`, `check`'s report in `check.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
+
+use tests::pprof::{Pprof, Raw};
 
 use tests::{
-    interpreters_logged, marker_lines, one_line_error, parse_label, record, record_command,
-    Interpreter, PyLabel, FREETHREADED_LABEL,
+    interpreters_logged, marker_lines, one_line_error, parse_label, pyebpf_bin, record,
+    record_command, Interpreter, PyLabel, Running, Workload, FREETHREADED_LABEL,
 };
 
 /// The free-threaded interpreters of this run (the 3.13t build, unless
@@ -264,6 +268,105 @@ while True: n = (n * 31 + 7) % 1000003
                 .as_str()
                 .is_some_and(|r| r.contains("implausible _Py_DebugOffsets")),
             "{}: {refused}",
+            interp.label
+        );
+    }
+}
+
+/// `top` and the agent on a free-threaded process whose four threads are busy at once: top's
+/// table has each thread's functions, and in the profile the agent serves, every sample of a
+/// thread (its `tid` label) that is in its work_N ends there at the exact line, and none holds
+/// another thread's functions.
+#[test]
+fn top_and_agent_keep_parallel_threads_apart() {
+    let lines = marker_lines("parallel.py");
+    for interp in free_threaded() {
+        let workload = Workload::start(&interp, "parallel.py", &[]);
+        let pid = workload.pid().to_string();
+        let tids: Vec<String> = (0..4).map(|i| workload.printed(&format!("t{i}"))).collect();
+
+        let top = Command::new(pyebpf_bin())
+            .args(["top", "-p", &pid, "--once", "--delay", "3", "-r", "997"])
+            .output()
+            .expect("running pyebpf top");
+        let table = String::from_utf8_lossy(&top.stdout);
+        assert!(
+            top.status.success(),
+            "{}: top: {}",
+            interp.label,
+            String::from_utf8_lossy(&top.stderr)
+        );
+        for i in 0..4 {
+            let shown = table.lines().any(|l| {
+                l.contains(&format!(" {pid} "))
+                    && (l.contains(&format!(" work_{i} (")) || l.contains(&format!(" step_{i} (")))
+            });
+            assert!(
+                shown,
+                "{}: top shows no row of thread t{i}:\n{table}",
+                interp.label
+            );
+        }
+
+        let mut agent = Running::start(&["agent", "--listen", "127.0.0.1:0", "-r", "997"]);
+        agent.wait_for("serving /debug/pprof/profile", Duration::from_secs(120));
+        let addr = agent
+            .stderr
+            .last()
+            .unwrap()
+            .rsplit("http://")
+            .next()
+            .unwrap()
+            .trim()
+            .to_string();
+        let url = format!("http://{addr}/debug/pprof/profile?seconds=3&pid={pid}");
+        // pprof's own timeout (1.5 × seconds) is too short for a loaded machine.
+        let raw = Raw::parse(&Pprof::new().run(&["-raw", "-timeout", "120"], Path::new(&url)));
+        agent.signal("TERM");
+        let (status, stderr) = agent.finish(Duration::from_secs(60));
+        assert!(status.success(), "{}: agent: {stderr}", interp.label);
+        drop(workload);
+
+        let frame =
+            |f: &str, i: usize| format!("{f}_{i} parallel.py:{}", lines[&format!("{f}_{i}")]);
+        let mut per_thread: BTreeMap<usize, i64> = BTreeMap::new();
+        let mut wrong = Vec::new();
+        for sample in &raw.samples {
+            let frames: Vec<String> = raw
+                .frames(sample)
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{} {}:{}",
+                        l.function,
+                        l.file.rsplit('/').next().unwrap_or(&l.file),
+                        l.line
+                    )
+                })
+                .collect();
+            let tid = sample.labels.get("tid").cloned().unwrap_or_default();
+            let Some(i) = tids.iter().position(|t| *t == tid) else {
+                continue;
+            };
+            *per_thread.entry(i).or_default() += sample.values[0];
+            let mine = |f: &String| {
+                f.starts_with(&format!("work_{i} ")) || f.starts_with(&format!("step_{i} "))
+            };
+            let worker = |f: &String| f.starts_with("work_") || f.starts_with("step_");
+            let foreign = frames.iter().any(|f| worker(f) && !mine(f));
+            let exact = frames.first() == Some(&frame("work", i))
+                || (frames.first() == Some(&frame("step", i))
+                    && frames.get(1) == Some(&frame("work", i)));
+            if foreign || (frames.iter().any(mine) && !exact) {
+                wrong.push(format!("t{i}: {frames:?}"));
+            }
+        }
+        eprintln!("{}: agent samples per thread {per_thread:?}", interp.label);
+        assert!(wrong.is_empty(), "{}: {wrong:#?}", interp.label);
+        assert_eq!(
+            per_thread.len(),
+            4,
+            "{}: the agent's profile lacks a thread: {per_thread:?}",
             interp.label
         );
     }

@@ -3,8 +3,9 @@
 //! No registry reachable here ships a free-threaded binary, so it is built from the one
 //! CPython source this machine can fetch: Debian's `python3.13_3.13.15.orig.tar.xz` from the
 //! pool, checked against the sha256 that sid's `Sources` index lists for it. Unoptimised
-//! (`./configure --disable-gil --without-ensurepip`), statically linked: ~8 min on 2 idle
-//! CPUs.
+//! (`./configure --disable-gil --without-ensurepip`, and `--disable-test-modules`: CPython's
+//! own test suite is neither compiled nor installed, which saves minutes), statically linked:
+//! ~8 min on 2 idle CPUs.
 //!
 //! The build lands beside the sid root (`/var/cache/pyebpf/python3.13t`). It is made in a
 //! temporary directory next to it and renamed into place, under a lock, and a marker is
@@ -13,6 +14,7 @@
 //! leaves nothing that looks finished.
 use std::fs::File;
 use std::io::Write as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +24,14 @@ use clap::Args;
 
 use crate::apt;
 use crate::util::{self, probe_stdout};
+
+/// `eprintln!` with a prefix: `cargo xtask test` runs the build beside its other steps, whose
+/// output interleaves with this.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("[3.13t] {}", format!($($arg)*))
+    };
+}
 
 pub const DEFAULT_DIR: &str = "/var/cache/pyebpf/python3.13t";
 /// The executable inside the build (`make install` names it after its ABI flag `t`).
@@ -86,7 +96,7 @@ pub fn freethreaded(args: &FreethreadedArgs) -> Result<PathBuf> {
     ));
     if !args.rebuild {
         if let Some(version) = cached(&dir) {
-            eprintln!("ok: {} ({version})", dir.join(EXE).display());
+            say!("ok: {} ({version})", dir.join(EXE).display());
             return Ok(dir);
         }
     }
@@ -111,7 +121,7 @@ pub fn freethreaded(args: &FreethreadedArgs) -> Result<PathBuf> {
     let lock =
         File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
     if lock.try_lock().is_err() {
-        eprintln!(
+        say!(
             "waiting for another build of the free-threaded CPython ({}) ...",
             lock_path.display()
         );
@@ -120,7 +130,7 @@ pub fn freethreaded(args: &FreethreadedArgs) -> Result<PathBuf> {
     }
     if !args.rebuild {
         if let Some(version) = cached(&dir) {
-            eprintln!("ok: {} ({version})", dir.join(EXE).display());
+            say!("ok: {} ({version})", dir.join(EXE).display());
             return Ok(dir);
         }
     }
@@ -146,7 +156,7 @@ pub fn freethreaded(args: &FreethreadedArgs) -> Result<PathBuf> {
             dir.display()
         )
     })?;
-    eprintln!(
+    say!(
         "ok: {} ({version}; built in {:.0}s)",
         dir.join(EXE).display(),
         started.elapsed().as_secs_f64()
@@ -185,20 +195,20 @@ fn fetch_source(cache: &Path, mirror: &str) -> Result<PathBuf> {
     let path = cache.join(TARBALL);
     if path.is_file() {
         if sha256(&path)? == TARBALL_SHA256 {
-            eprintln!("ok: {} (sha256 matches)", path.display());
+            say!("ok: {} (sha256 matches)", path.display());
             return Ok(path);
         }
-        eprintln!(
+        say!(
             "{} does not match its sha256; downloading it again",
             path.display()
         );
     }
     let url = format!("{}/{POOL_DIR}/{TARBALL}", mirror.trim_end_matches('/'));
     let tmp = cache.join(format!(".{TARBALL}.{}", std::process::id()));
-    eprintln!("downloading the CPython source (23 MB) from {url} ...");
+    say!("downloading the CPython source (23 MB) from {url} ...");
     let fetched = util::run(
         Command::new("curl")
-            .args(["-fSL", "--retry", "3", "--progress-bar", "-o"])
+            .args(["-fsSL", "--retry", "3", "-o"])
             .arg(&tmp)
             .arg(&url),
     );
@@ -239,7 +249,7 @@ fn sha256(path: &Path) -> Result<String> {
 fn build(tarball: &Path, work: &Path, dir: &Path) -> Result<String> {
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let log_path = work.join("build.log");
-    eprintln!(
+    say!(
         "building the free-threaded CPython {VERSION} (unpack, configure, compile with {} \
          jobs, install; ~8 min on 2 idle CPUs, longer on a busy machine); log: {}",
         jobs(),
@@ -260,11 +270,15 @@ fn build(tarball: &Path, work: &Path, dir: &Path) -> Result<String> {
     )?;
     let src = work.join(SOURCE_DIR);
     logged(
-        "configuring (--disable-gil --without-ensurepip)",
+        "configuring (--disable-gil --without-ensurepip --disable-test-modules)",
         Command::new("./configure")
             .current_dir(&src)
             .arg(format!("--prefix={}", dir.display()))
-            .args(["--disable-gil", "--without-ensurepip"]),
+            .args([
+                "--disable-gil",
+                "--without-ensurepip",
+                "--disable-test-modules",
+            ]),
         &log,
         &log_path,
         None,
@@ -290,7 +304,7 @@ fn build(tarball: &Path, work: &Path, dir: &Path) -> Result<String> {
         &log_path,
         None,
     )?;
-    eprintln!(
+    say!(
         "compiled and installed in {:.0}s",
         t.elapsed().as_secs_f64()
     );
@@ -336,8 +350,19 @@ fn logged(
     log_path: &Path,
     count_objects: Option<&Path>,
 ) -> Result<()> {
-    eprintln!("  {what} ...");
+    say!("  {what} ...");
     let t = Instant::now();
+    // Killed with us: `cargo xtask test` may stop on another step's error while this runs in
+    // its thread, and a `make` left running would still write into the work directory.
+    // SAFETY: prctl is async-signal-safe and touches nothing of the parent's.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
@@ -354,7 +379,7 @@ fn logged(
             let objects = count_objects
                 .map(|d| format!(", {} object files so far", count_files(d, "o")))
                 .unwrap_or_default();
-            eprintln!(
+            say!(
                 "  ... still {what} ({:.0}s{objects})",
                 t.elapsed().as_secs_f64()
             );
@@ -368,7 +393,7 @@ fn logged(
             log_path.display()
         );
     }
-    eprintln!("  {what}: done in {:.0}s", t.elapsed().as_secs_f64());
+    say!("  {what}: done in {:.0}s", t.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -395,11 +420,11 @@ fn count_files(dir: &Path, ext: &str) -> usize {
 fn show_tail(log_path: &Path) {
     if let Ok(text) = std::fs::read_to_string(log_path) {
         let lines: Vec<&str> = text.lines().collect();
-        eprintln!("--- last lines of {} ---", log_path.display());
+        say!("--- last lines of {} ---", log_path.display());
         for l in &lines[lines.len().saturating_sub(25)..] {
-            eprintln!("{l}");
+            say!("{l}");
         }
-        eprintln!("---");
+        say!("---");
     }
 }
 
@@ -416,7 +441,7 @@ fn remove_leftovers(parent: &Path, name: &str) {
     };
     for e in entries.flatten() {
         if e.file_name().to_string_lossy().starts_with(&prefix) {
-            eprintln!("removing {} (an interrupted build)", e.path().display());
+            say!("removing {} (an interrupted build)", e.path().display());
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
