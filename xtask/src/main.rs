@@ -38,7 +38,7 @@ enum Cmd {
     /// Build (once) a free-threaded CPython 3.13 (`--disable-gil`) for the tests.
     ///
     /// From Debian's python3.13 source tarball (sha256 pinned), into
-    /// /var/cache/pyebpf/python3.13t: ~8 min on 2 idle CPUs the first time, under a second
+    /// /var/cache/pyebpf/python3.13t: about 4 min of CPU the first time, under a second
     /// once built. `cargo xtask test` runs it.
     Freethreaded(freethreaded::FreethreadedArgs),
     /// Run every test: fmt check, setup, sid root, build pyebpf, `cargo test --workspace`.

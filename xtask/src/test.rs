@@ -59,7 +59,7 @@ pub fn test(args: &TestArgs) -> Result<()> {
     done("fmt", &mut lap);
 
     // Every per-interpreter test runs on a free-threaded build too. None can be installed, so
-    // it is built from source once (~8 min of 2 CPUs) and cached; it builds beside the steps
+    // it is built from source once (about 4 min of CPU) and cached; it builds beside the steps
     // below, which mostly wait on the network, and is waited for before the tests start.
     let ft_args = FreethreadedArgs::default();
     let ft_dir = freethreaded::build_dir(&ft_args);
