@@ -9,10 +9,13 @@ with --sequential, the long-lived interpreters staying up):
   agent       `pyebpf agent --listen 127.0.0.1:P --pyroscope http://127.0.0.1:R` (19 Hz,
               --subsample 4, the defaults)
   agent-sub1  the same with --subsample 1 (no random subsampling)
+  agent-otlp  `agent` with a second exporter: --otlp to the same receiver, so each window is
+              encoded twice (pprof for Pyroscope, one OTLP request) and sent by two queues
   record-19   `pyebpf record -r 19` (whole host), the previous baseline
 
 Each agent pushes to its own small HTTP receiver in this script, which counts the POSTs to
-/push.v1.PusherService/Push and answers 200 with an empty body. After WARMUP seconds (start-up:
+/push.v1.PusherService/Push (and to OTLP's /v1development/profiles) and answers 200 with an
+empty body (for OTLP, an empty ExportProfilesServiceResponse). After WARMUP seconds (start-up:
 loading the BPF programs, finding the long-lived interpreters) the measured window opens and
 the churn runs; at both ends every profiler is measured from outside: CPU from
 /proc/PID/stat (user + system, all threads), BPF program run time from
@@ -22,7 +25,7 @@ drops, queue). Resident memory is polled from /proc/PID/status (VmRSS) every 0.5
 gives the kernel's exact peak. Results are printed as a table; --json FILE saves them.
 
 Usage: sudo python3 bench/agent.py [--long 256] [--churn 50] [--seconds 60] [--warmup 10]
-           [--interval 15] [--configs agent,agent-sub1,record-19] [--sequential]
+           [--interval 15] [--configs agent,agent-sub1,agent-otlp,record-19] [--sequential]
            [--pyebpf PATH] [--json FILE] [--perf PREFIX] [--idle-procs N] [--exec-churn N]
        sudo python3 bench/agent.py --timer-irq 10 [--rounds 3]
 
@@ -48,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scale import ROOT, churn, interpreters, start_long_lived, stop_long_lived  # noqa: E402
 
 PUSH_PATH = "/push.v1.PusherService/Push"
+OTLP_PATH = "/v1development/profiles"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BPF_PROG_TYPE_PERF_EVENT = 7
 
@@ -104,8 +108,8 @@ class Receiver:
     series), answers 200 with an empty body."""
 
     def __init__(self):
-        stats = self.stats = {"push": 0, "push_bytes": 0, "other": 0, "content_types": {},
-                              "services": {}, "undecodable": 0}
+        stats = self.stats = {"push": 0, "push_bytes": 0, "otlp": 0, "otlp_bytes": 0,
+                              "other": 0, "content_types": {}, "services": {}, "undecodable": 0}
         lock = self.lock = threading.Lock()
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -124,9 +128,12 @@ class Receiver:
                                 stats["services"][svc] = stats["services"].get(svc, 0) + 1
                         except (ValueError, IndexError):
                             stats["undecodable"] += 1
+                    elif self.path == OTLP_PATH:
+                        stats["otlp"] += 1
+                        stats["otlp_bytes"] += len(body)
                     else:
                         stats["other"] += 1
-                self.send_response(200 if self.path == PUSH_PATH else 404)
+                self.send_response(200 if self.path in (PUSH_PATH, OTLP_PATH) else 404)
                 self.send_header("Content-Type", "application/proto")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -217,6 +224,8 @@ class Profiler:
                          "--pyroscope", self.receiver.url, "--interval", str(interval)]
             if name == "agent-sub1":
                 self.argv += ["--subsample", "1"]
+            elif name == "agent-otlp":
+                self.argv += ["--otlp", self.receiver.url]
         elif name == "record-19":
             self.stats_json = "/tmp/pyebpf-agent-bench-record.json"
             if os.path.exists(self.stats_json):
@@ -237,7 +246,7 @@ class Profiler:
         self.pid = self.proc.pid
         threading.Thread(target=self._poll_rss, daemon=True).start()
 
-    def wait_up(self, timeout=60):
+    def wait_up(self, timeout=180):
         """Until the agent answers /metrics, or record's sampler program is loaded."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -333,6 +342,8 @@ class Profiler:
                 "cpu_bpf_s": round(md('pyebpf_cpu_seconds_total{mode="bpf"}'), 3),
                 "samples": int(md("pyebpf_samples_total")),
                 "pushes_ok": int(md('pyebpf_exports_total{backend="pyroscope",result="ok"}')),
+                "otlp_ok": int(md('pyebpf_exports_total{backend="otlp",result="ok"}')),
+                "otlp_dictionary_end": int(me.get('pyebpf_export_dictionary_entries{backend="otlp"}', 0)),
                 "pushes_failed": int(sum(v - ms.get(k, 0) for k, v in me.items()
                                          if k.startswith("pyebpf_exports_total")
                                          and 'result="ok"' not in k)),
@@ -464,7 +475,7 @@ def report(results, churn_stats):
             m = r["metrics"]
             print(f"   /metrics: user {m['cpu_user_s']} + system {m['cpu_system_s']} + bpf "
                   f"{m['cpu_bpf_s']} s => {m['cpu_pct']} % of one CPU; samples {m['samples']}; "
-                  f"pushes ok {m['pushes_ok']} failed {m['pushes_failed']}; export dropped "
+                  f"pushes ok {m['pushes_ok']} (OTLP {m['otlp_ok']}) failed {m['pushes_failed']}; export dropped "
                   f"{m['export_dropped']}; samples dropped {m['samples_dropped']}; errors "
                   f"{m['errors']}; truncated {m['truncated']}; processes {m['processes_start']}"
                   f"->{m['processes_end']} ({m['processes_profiled']} new); windows "
@@ -495,6 +506,9 @@ def report(results, churn_stats):
          else f"{r['record']['samples_whole_run']} (whole run)" if "record" in r else "—"),
         ("RSS start / peak / end, MiB",
          lambda r: f"{mib(r['rss_start'])} / {mib(r['rss_peak_polled'])} / {mib(r['rss_end'])}"),
+        ("OTLP exports ok (window) / dictionary entries at end",
+         lambda r: f"{r['metrics']['otlp_ok']} / {r['metrics']['otlp_dictionary_end']}"
+         if "metrics" in r else "—"),
         ("pushes ok / failed / dropped (window)",
          lambda r: f"{r['metrics']['pushes_ok']} / {r['metrics']['pushes_failed']} / "
                    f"{r['metrics']['export_dropped']}" if "metrics" in r else "—"),

@@ -337,11 +337,13 @@ mod tests {
             Mixed::Native {
                 function: "memcpy".into(),
                 module: "libc.so.6".into(),
+                build_id: None,
             },
             Mixed::Python(0),
             Mixed::Native {
                 function: "_PyEval_EvalFrameDefault".into(),
                 module: "python".into(),
+                build_id: None,
             },
             Mixed::Python(1),
         ];

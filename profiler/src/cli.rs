@@ -95,26 +95,35 @@ pub enum Command {
             Runs until stopped (SIGTERM pushes the current window and exits 0). Processes that \
             start later are picked up, processes that exit are dropped. Each process is named \
             by a service: OTEL_SERVICE_NAME, service.name in OTEL_RESOURCE_ATTRIBUTES or \
-            PYROSCOPE_APPLICATION_NAME from its environment, else its container (cgroup), else \
-            its program (script, -m module, or the app of gunicorn/uvicorn/celery-style \
-            launchers). Every --interval, one pprof profile per service is cut and, with \
-            --pyroscope, pushed with the labels service_name, hostname, python_version, and \
-            pid, comm and container_id when the service is one process or container, plus \
-            every --label. Samples inside a profile carry pid, tid, thread_name, process and \
-            container_id.\n\n\
+            PYROSCOPE_APPLICATION_NAME from its environment, else its Kubernetes pod as \
+            NAMESPACE/CONTAINER (from the container runtime's OCI bundle, found on the node), \
+            else its container (cgroup), else its program (script, -m module, or the app of \
+            gunicorn/uvicorn/celery-style launchers). Every --interval, one pprof profile per \
+            service is cut and, with --pyroscope, pushed with the labels service_name, \
+            hostname, python_version, and pid, comm, container_id, namespace, pod, container \
+            and pod_uid when all of the service's processes share them, plus every --label. \
+            Samples inside a profile carry pid, tid, thread_name, process, service_name and, \
+            where known, container_id, namespace, pod, container and pod_uid. With --otlp, \
+            each window also goes to an OpenTelemetry Collector as OTLP profiles: one resource \
+            per process (service.name, process.pid, process.executable.name, \
+            process.runtime.*, host.name, container.id), thread.id and thread.name on each \
+            sample.\n\n\
             Served on --listen (plain HTTP; keep it on loopback or a private network):\n  \
             GET /debug/pprof/profile?seconds=N[&pid=P][&service=S]  gzipped pprof of the next N \
             seconds (what Parca, Alloy's pyroscope.scrape and `go tool pprof` fetch)\n  \
             GET /metrics   Prometheus/OpenMetrics counters: samples, drops, errors, truncated \
-            stacks, processes, the agent's own CPU (user, system, BPF), exports, push queue\n  \
+            stacks, processes, the agent's own CPU (user, system, BPF), exports, push queue, \
+            identity sources missing\n  \
             GET /healthz   ok while the sampling loop runs\n\n\
             Every flag can be set from the environment variable named after it \
             (PYEBPF_INTERVAL, PYEBPF_PYROSCOPE_URL, PYEBPF_LABELS=k=v,k=v, ...). Needs \
             root, or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE, plus CAP_DAC_READ_SEARCH to \
             open interpreters installed behind private directories (see the systemd unit in \
-            packaging/pyebpf-agent.service).",
+            packaging/pyebpf-agent.service; on Kubernetes, the DaemonSet in \
+            packaging/kubernetes/daemonset.yaml).",
         after_help = "Examples:\n  \
             sudo pyebpf agent --pyroscope http://pyroscope:4040\n  \
+            sudo pyebpf agent --otlp http://otel-collector:4318        OTLP profiles to a Collector\n  \
             sudo pyebpf agent --listen 0.0.0.0:7071 --label env=prod     scraped by Parca or Alloy\n  \
             go tool pprof http://localhost:7071/debug/pprof/profile?seconds=10"
     )]
@@ -159,6 +168,16 @@ pub struct AgentArgs {
     /// http://pyroscope:4040.
     #[arg(long, value_name = "URL", env = "PYEBPF_PYROSCOPE_URL")]
     pub pyroscope: Option<String>,
+    /// Send each window as OTLP profiles (OTLP/HTTP, protobuf, gzip) to an OpenTelemetry
+    /// Collector or another OTLP receiver: URL is its base (http://collector:4318; the path
+    /// /v1development/profiles is appended). Without URL: OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT,
+    /// else OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318. Honours
+    /// OTEL_EXPORTER_OTLP_[PROFILES_]HEADERS, _COMPRESSION (gzip|none), _TIMEOUT (ms), and
+    /// OTEL_RESOURCE_ATTRIBUTES (the host's attributes, e.g. k8s.node.name=NODE). Can run
+    /// alongside --pyroscope.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "",
+          env = "PYEBPF_OTLP_URL", hide_env_values = true)]
+    pub otlp: Option<String>,
     /// Basic auth for --pyroscope, USER:PASSWORD (prefer the environment variable: flags show
     /// in `ps`).
     #[arg(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::elf::{ElfCache, PythonElf};
-use crate::identity::{self, ProcessLabels};
+use crate::identity::{Identities, ProcessLabels};
 use crate::memory::ProcessMemory;
 use crate::python::layout::{PyLayout, PyVersion};
 use crate::python::{debug_offsets, tables};
@@ -272,15 +272,22 @@ fn is_candidate(path: &str, exe: &str) -> bool {
     path == exe || basename(path).starts_with("libpython")
 }
 
+/// What inspecting many processes shares: parsed binaries, and the identities of containers.
+#[derive(Default)]
+pub(crate) struct Caches {
+    pub elves: ElfCache,
+    pub identities: Identities,
+}
+
 /// Finds the CPython runtime of `pid` and its layout.
-pub(crate) fn inspect(pid: u32, elves: &ElfCache) -> Result<PythonProcess, DiscoveryError> {
-    inspect_maps(pid, elves, None)
+pub(crate) fn inspect(pid: u32, caches: &Caches) -> Result<PythonProcess, DiscoveryError> {
+    inspect_maps(pid, caches, None)
 }
 
 /// [`inspect`], given the text of `/proc/PID/maps` when the caller already read it.
 pub(crate) fn inspect_maps(
     pid: u32,
-    elves: &ElfCache,
+    caches: &Caches,
     maps_text: Option<String>,
 ) -> Result<PythonProcess, DiscoveryError> {
     let command = short_command(pid);
@@ -338,7 +345,7 @@ pub(crate) fn inspect_maps(
             binary: binary.to_string(),
             cause,
         };
-        let Some(elf) = elves.get(&on_disk).map_err(other)? else {
+        let Some(elf) = caches.elves.get(&on_disk).map_err(other)? else {
             continue;
         };
         let runtime = runtime_address(&maps, binary, &elf).ok_or_else(|| {
@@ -355,7 +362,7 @@ pub(crate) fn inspect_maps(
             layout.version.minor,
             if layout.free_threaded { "t" } else { "" }
         );
-        let identity = Arc::new(identity_of(pid, &version, &command));
+        let identity = Arc::new(identity_of(&caches.identities, pid, &version, &command));
         return Ok(PythonProcess {
             pid,
             command,
@@ -374,10 +381,11 @@ pub(crate) fn inspect_maps(
     })
 }
 
-/// [`identity::resolve`]; a process that vanished mid-inspection still gets a name (its
+/// [`Identities::resolve`]; a process that vanished mid-inspection still gets a name (its
 /// samples so far are kept) from its command line.
-fn identity_of(pid: u32, version: &str, command: &str) -> ProcessLabels {
-    identity::resolve(pid, version)
+fn identity_of(identities: &Identities, pid: u32, version: &str, command: &str) -> ProcessLabels {
+    identities
+        .resolve(pid, version)
         .unwrap_or_else(|_| ProcessLabels::from_command(pid, version, command))
 }
 
@@ -386,7 +394,7 @@ fn identity_of(pid: u32, version: &str, command: &str) -> ProcessLabels {
 /// meant.
 pub(crate) fn inspect_requested(
     pid: u32,
-    elves: &ElfCache,
+    caches: &Caches,
 ) -> Result<PythonProcess, DiscoveryError> {
     if let Some(tgid) = crate::procfs::tgid(pid).filter(|&tgid| tgid != pid) {
         return Err(DiscoveryError::Thread {
@@ -395,7 +403,7 @@ pub(crate) fn inspect_requested(
             command: short_command(tgid),
         });
     }
-    inspect(pid, elves).map_err(|mut err| {
+    inspect(pid, caches).map_err(|mut err| {
         if let DiscoveryError::NoSuchProcess { namesakes, .. }
         | DiscoveryError::NotPython { namesakes, .. }
         | DiscoveryError::KernelThread { namesakes, .. }

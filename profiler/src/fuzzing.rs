@@ -1,5 +1,5 @@
 //! The crate's private parsers and readers of foreign data, reachable by the fuzz targets in
-//! `fuzz/`: `/proc` lines, the environment, the thread-list reader (`python::threads`) and
+//! `fuzz/`: `/proc` lines, the environment, OCI bundles, the thread-list reader (`python::threads`) and
 //! the asyncio task readers (`python::asyncio`), with the caps the targets assert.
 //!
 //! One module of thin wrappers rather than making each parser `pub`: the parsers keep their
@@ -37,6 +37,15 @@ pub fn environ_service_name(bytes: &[u8], truncated: bool) -> Option<String> {
         .service_name()
         .map(|(name, _)| name)
 }
+
+/// What an OCI bundle's `config.json` says about a pod, as the agent reads it; `None` when it
+/// is refused as malformed. The values are cut to [`MAX_IDENTITY_VALUE`] bytes.
+pub fn bundle_kubernetes(config: &[u8]) -> Option<crate::identity::Kubernetes> {
+    crate::identity::kubernetes::from_bundle(config).ok()
+}
+
+/// Longest label value derived from another process's data.
+pub const MAX_IDENTITY_VALUE: usize = crate::identity::MAX_DERIVED_VALUE;
 
 /// (frames, digest) of the frame chain from `next_frame` down through the stack chunks at
 /// `chunk`, as the kernel folds it into `deep_hash`; `None` when the chain cannot be walked to

@@ -39,6 +39,8 @@ pub(crate) enum Mixed {
     Native {
         function: Arc<str>,
         module: Arc<str>,
+        /// The module's GNU build id (hex), when known.
+        build_id: Option<Arc<str>>,
     },
     /// Where native frames are missing (see `native::merge`), or where an awaiter chain
     /// was cut (`--async`, see `awaiters`).
@@ -387,6 +389,7 @@ impl Resolver {
                             .clone()
                             .unwrap_or_else(|| format!("[{}+{:#x}]", f.module, f.offset).into()),
                         module: f.module.clone(),
+                        build_id: f.build_id.clone(),
                     }
                 }
             });

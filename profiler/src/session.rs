@@ -20,7 +20,6 @@ use crate::awaiters::{self, AsyncStats, ProcessAsync};
 use crate::bpf::{DebugBpf, KernelStats, MapSizes, Sampler, DEFAULT_STACK_COPY};
 use crate::complete::CompletionStats;
 use crate::discovery::{self, DiscoveryError, PythonProcess};
-use crate::elf::ElfCache;
 use crate::idle::{IdleSampler, IdleStats};
 use crate::lifecycle::{Lifecycle, LifecycleStats, Registrar};
 use crate::native::NativeOptions;
@@ -40,7 +39,7 @@ pub(crate) struct Session {
     sampler: Sampler,
     /// `--native`: how processes' user stacks are captured.
     native: Option<NativeOptions>,
-    elves: ElfCache,
+    caches: discovery::Caches,
     registry: Registry,
     resolver: Resolver,
     /// Exec'd processes awaiting inspection, and lifecycle counters.
@@ -96,7 +95,7 @@ impl Session {
         Ok(Session {
             sampler: Sampler::start_with(rate_hz, debug, subsample, stack_copy)?,
             native,
-            elves: ElfCache::default(),
+            caches: discovery::Caches::default(),
             registry: Registry::default(),
             resolver,
             lifecycle: Lifecycle::default(),
@@ -242,7 +241,7 @@ impl Session {
         pid: u32,
         maps: Option<String>,
     ) -> Result<&PythonProcess, DiscoveryError> {
-        let proc = discovery::inspect_maps(pid, &self.elves, maps)?;
+        let proc = discovery::inspect_maps(pid, &self.caches, maps)?;
         let mut kernel = proc.layout.kernel;
         if !self.gil {
             kernel.flags &= !LAYOUT_GIL_MASK;
@@ -366,6 +365,11 @@ impl Session {
 
     pub(crate) fn stats(&self) -> SessionStats {
         self.resolver.stats
+    }
+
+    /// Identity sources that were missing or unreadable, and containers looked up.
+    pub(crate) fn identity_stats(&self) -> crate::identity::IdentityStats {
+        self.caches.identities.stats()
     }
 
     pub(crate) fn kernel_stats(&self) -> KernelStats {

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod browser;
+pub mod daemonset;
+pub mod otlp;
 pub mod pprof;
 
 /// Default location of the Debian sid root holding CPython 3.13–3.15 (`cargo xtask sidroot`).
@@ -620,9 +622,15 @@ pub struct Running {
 impl Running {
     /// Starts `pyebpf ARGS` with stderr piped (stdout is discarded).
     pub fn start(args: &[&str]) -> Running {
+        Running::start_with_env(args, &[])
+    }
+
+    /// [`Running::start`] with variables added to pyebpf's environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Running {
         use std::io::BufRead;
         let mut child = Command::new(pyebpf_bin())
             .args(args)
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

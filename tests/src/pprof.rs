@@ -28,6 +28,9 @@ pub fn go_binary() -> PathBuf {
 /// `go tool pprof` with a private, throwaway `HOME` and build cache and no network.
 pub struct Pprof {
     pub home: PathBuf,
+    /// Run inside this network namespace (`nsenter --net=`), to fetch from a server that
+    /// listens in a container's own namespace.
+    pub netns: Option<PathBuf>,
 }
 
 impl Default for Pprof {
@@ -40,12 +43,29 @@ impl Pprof {
     pub fn new() -> Pprof {
         let home = temp_path("gohome", "d");
         std::fs::create_dir_all(&home).expect("creating a HOME for go");
-        Pprof { home }
+        Pprof { home, netns: None }
+    }
+
+    /// `go tool pprof` run inside the network namespace `netns` (e.g. `/proc/PID/ns/net`).
+    pub fn in_netns(netns: impl Into<PathBuf>) -> Pprof {
+        let mut pprof = Pprof::new();
+        pprof.netns = Some(netns.into());
+        pprof
     }
 
     /// Runs `go tool pprof ARGS FILE`; returns its stdout and stderr. Panics when it fails.
     pub fn output(&self, args: &[&str], file: &Path) -> (String, String) {
-        let out = Command::new(go_binary())
+        let mut cmd = match &self.netns {
+            Some(netns) => {
+                let mut cmd = Command::new("nsenter");
+                cmd.arg(format!("--net={}", netns.display()))
+                    .arg("--")
+                    .arg(go_binary());
+                cmd
+            }
+            None => Command::new(go_binary()),
+        };
+        let out = cmd
             .args(["tool", "pprof"])
             .args(args)
             .arg(file)

@@ -571,3 +571,325 @@ fn a_dead_backend_is_retried_counted_and_does_not_hold_the_agent() {
     assert!(v("pyebpf_samples_total") >= 20.0, "{metrics:#?}");
     assert!(stderr.contains("could not be pushed"), "{stderr}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// OTLP profiles, read by the upstream Python classes (tests/src/otlp.rs).
+
+use serde_json::{json, Value};
+use tests::otlp::{self, Receiver};
+
+/// [`agent`] with variables added to its environment.
+fn agent_with_env(args: &[&str], env: &[(&str, &str)]) -> (Running, String) {
+    let mut all = vec!["agent", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let mut running = Running::start_with_env(&all, env);
+    running.wait_for("serving /debug/pprof/profile", Duration::from_secs(60));
+    let line = running.stderr.last().unwrap().clone();
+    let addr = line.rsplit("http://").next().unwrap().trim().to_string();
+    (running, addr)
+}
+
+/// Requests the receiver answered with 200.
+fn accepted(requests: &[Value]) -> Vec<&Value> {
+    requests.iter().filter(|r| r["status"] == 200).collect()
+}
+
+/// Samples per stack (`function file:line;…`, leaf first).
+type Stacks = BTreeMap<String, i64>;
+
+fn otlp_stacks(samples: &[otlp::Sample]) -> Stacks {
+    let mut stacks = Stacks::new();
+    for s in samples {
+        *stacks.entry(s.frames.join(";")).or_default() += s.value;
+    }
+    stacks
+}
+
+fn pprof_stacks(profile: &Raw) -> Stacks {
+    let mut stacks = Stacks::new();
+    for s in &profile.samples {
+        *stacks.entry(frames_of(profile, s).join(";")).or_default() += s.values[0];
+    }
+    stacks
+}
+
+/// The agent feeds an OTLP receiver and Pyroscope at once. The receiver answers 503 twice:
+/// the window is retried (counted) and nothing is lost: after SIGTERM, every window of the
+/// service reached both backends, with the same samples per stack in the OTLP request as in
+/// the pprof of the same window. The upstream classes read the chain's frames and exact lines
+/// through the dictionary, the process's resource (service.name from its OTEL_SERVICE_NAME,
+/// pid, executable, runtime, the host's OTEL_RESOURCE_ATTRIBUTES, the operator's label) and
+/// thread.id / thread.name on each sample.
+#[test]
+fn otlp_and_pyroscope_at_once_through_503s() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let mut cmd = interp.command(&tests::workloads_dir().join("chain.py"), &[]);
+    cmd.env("OTEL_SERVICE_NAME", "payments");
+    let chain = Workload::start_command(cmd, "chain.py");
+    let collector = Receiver::start(&["503", "503"]);
+    let (recv, pyroscope) = receiver(Vec::new());
+    let pyroscope_url = format!("http://{recv}");
+    let cpu_before = cpu_seconds(chain.pid());
+    let (running, addr) = agent_with_env(
+        &[
+            "--interval",
+            "2",
+            "--pyroscope",
+            &pyroscope_url,
+            "--otlp",
+            &collector.url(),
+            "--label",
+            "env=test",
+        ],
+        &[
+            ("OTEL_RESOURCE_ATTRIBUTES", "k8s.node.name=node-7"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20t0ken"),
+        ],
+    );
+    // Two 503s, each answered with Retry-After: 1; windows keep coming meanwhile.
+    let deadline = Instant::now() + stretch(Duration::from_secs(60));
+    while accepted(&collector.requests()).len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let metrics = scrape(&addr);
+    running.signal("TERM");
+    let (status, stderr) = running.finish(stretch(Duration::from_secs(30)));
+    let cpu = cpu_seconds(chain.pid()) - cpu_before;
+    assert!(status.success(), "{stderr}");
+    let v = |k: &str| metrics.get(k).copied().unwrap_or(-1.0);
+    assert_eq!(
+        v("pyebpf_export_retries_total{backend=\"otlp\",cause=\"server\"}"),
+        2.0,
+        "{metrics:#?}"
+    );
+    assert!(v("pyebpf_exports_total{backend=\"otlp\",result=\"ok\"}") >= 1.0);
+    assert_eq!(
+        v("pyebpf_exports_total{backend=\"otlp\",result=\"rejected\"}"),
+        0.0
+    );
+    assert!(v("pyebpf_exports_total{backend=\"pyroscope\",result=\"ok\"}") >= 1.0);
+    assert!(v("pyebpf_export_dictionary_entries{backend=\"otlp\"}") > 10.0);
+    assert!(v("pyebpf_export_queue_depth{backend=\"otlp\"}") >= 0.0);
+
+    let requests = collector.requests();
+    assert!(requests.len() >= 5, "{stderr}");
+    // The window refused twice is the one accepted next, whole.
+    assert_eq!(
+        (
+            &requests[0]["status"],
+            &requests[1]["status"],
+            &requests[2]["status"]
+        ),
+        (&json!(503), &json!(503), &json!(200))
+    );
+    assert_eq!(requests[0]["resources"], requests[2]["resources"]);
+    for r in &requests {
+        assert_eq!(r["path"], "/v1development/profiles");
+        assert_eq!(r["headers"]["content-type"], "application/x-protobuf");
+        assert_eq!(r["headers"]["content-encoding"], "gzip");
+        assert_eq!(r["headers"]["authorization"], "Bearer t0ken");
+        assert_eq!(r["problems"], json!([]), "{r}");
+        assert!(r.get("error").is_none(), "{r}");
+    }
+
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let executable = std::fs::read_link(format!("/proc/{}/exe", chain.pid())).unwrap();
+    let version = format!("{}.{}", interp.version.0, interp.version.1);
+    let mut otlp_windows = Vec::new();
+    let mut exact = 0;
+    let mut total = 0;
+    for request in accepted(&requests) {
+        let payments = otlp::resources_with(request, "service.name", &json!("payments"));
+        if payments.is_empty() {
+            continue;
+        }
+        assert_eq!(payments.len(), 1, "one resource per process: {request}");
+        let resource = payments[0];
+        let a = &resource["attributes"];
+        assert_eq!(a["process.pid"], json!(chain.pid()));
+        assert_eq!(
+            a["process.executable.name"],
+            json!(executable.file_name().unwrap().to_string_lossy())
+        );
+        assert_eq!(a["process.runtime.name"], "cpython");
+        assert_eq!(a["process.runtime.version"], json!(version));
+        assert_eq!(a["host.name"], json!(hostname.trim()));
+        assert_eq!(a["k8s.node.name"], "node-7");
+        assert_eq!(a["env"], "test");
+        let scope = &resource["scopes"][0];
+        assert_eq!(scope["name"], "pyebpf");
+        let profile = &scope["profiles"][0];
+        assert_eq!(profile["sample_type"], json!(["cpu", "nanoseconds"]));
+        assert_eq!(profile["period_type"], json!(["cpu", "nanoseconds"]));
+        assert_eq!(profile["period"], json!(1_000_000_000 / 19));
+        assert!(profile["duration_nano"].as_u64().unwrap() > 0);
+        let samples = otlp::samples(resource);
+        for s in &samples {
+            assert_eq!(s.attributes["thread.id"], json!(chain.pid()), "{s:?}");
+            assert!(
+                s.attributes["thread.name"]
+                    .as_str()
+                    .is_some_and(|n| !n.is_empty()),
+                "{s:?}"
+            );
+            total += s.value;
+            if s.frames == chain_frames() {
+                exact += s.value;
+            }
+        }
+        otlp_windows.push(otlp_stacks(&samples));
+    }
+
+    let pyroscope = pyroscope.lock().unwrap();
+    let mut pprof_windows = Vec::new();
+    for (n, (_, _, request)) in pyroscope.requests.iter().enumerate() {
+        for series in &request.series {
+            if label(series, "service_name") != Some("payments") {
+                continue;
+            }
+            for sample in &series.samples {
+                let profile = raw(save(&sample.raw_profile, 200 + n).to_str().unwrap());
+                pprof_windows.push(pprof_stacks(&profile));
+            }
+        }
+    }
+    assert!(otlp_windows.len() >= 2, "{stderr}");
+    assert_eq!(
+        otlp_windows, pprof_windows,
+        "every window, with the same samples per stack, in OTLP and in pprof"
+    );
+    // At 19 Hz over the CPU time the chain had while the agent ran; random subsampling.
+    assert!(
+        total as f64 >= 0.5 * 19.0 * cpu && total >= 10,
+        "{total} samples for {cpu:.2} s of CPU"
+    );
+    assert!(
+        exact * 100 >= total * 95,
+        "{exact}/{total} exact chain stacks"
+    );
+}
+
+/// SIGTERM sends the window in progress over OTLP too (a long interval never ends on its own).
+#[test]
+fn otlp_sigterm_sends_the_last_window() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let chain = Workload::start(interp, "chain.py", &[]);
+    let collector = Receiver::start(&[]);
+    let (running, addr) = agent(&["--interval", "600", "--otlp", &collector.url()]);
+    watching(&addr);
+    let cpu_before = cpu_seconds(chain.pid());
+    std::thread::sleep(stretch(Duration::from_secs(4)));
+    let samples = scrape(&addr)["pyebpf_samples_total"];
+    let cpu = cpu_seconds(chain.pid()) - cpu_before;
+    assert!(collector.requests().is_empty());
+    running.signal("TERM");
+    let (status, stderr) = running.finish(stretch(Duration::from_secs(30)));
+    assert!(status.success(), "{stderr}");
+    let requests = collector.requests();
+    assert_eq!(requests.len(), 1, "one window, sent at SIGTERM: {stderr}");
+    let request = &requests[0];
+    let chain_resources = otlp::resources_with(request, "process.pid", &json!(chain.pid()));
+    assert_eq!(chain_resources.len(), 1, "{request}");
+    let sent: i64 = request["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(otlp::samples)
+        .map(|s| s.value)
+        .sum();
+    // Everything counted before the signal is in the window, and more since; the count is at
+    // least half of what 19 Hz gives the CPU time the chain had.
+    assert!(
+        sent as f64 >= samples && samples >= 0.5 * 19.0 * cpu && sent > 0,
+        "sent {sent}, counted {samples} before SIGTERM, for {cpu:.2} s of CPU"
+    );
+}
+
+/// A 400 is not retried: the window is dropped and counted, the next one goes through; a
+/// partial success is accepted, logged and counted.
+#[test]
+fn otlp_a_400_is_dropped_and_counted() {
+    let _serial = serial();
+    let interp = &interpreters_logged()[0];
+    let _chain = Workload::start(interp, "chain.py", &[]);
+    let collector = Receiver::start(&["400", "partial"]);
+    let (running, addr) = agent(&["--interval", "2", "--otlp", &collector.url()]);
+    let deadline = Instant::now() + stretch(Duration::from_secs(60));
+    while collector.requests().len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let metrics = scrape(&addr);
+    running.signal("TERM");
+    let (status, stderr) = running.finish(stretch(Duration::from_secs(30)));
+    assert!(status.success(), "{stderr}");
+    let v = |k: &str| metrics.get(k).copied().unwrap_or(-1.0);
+    assert_eq!(
+        v("pyebpf_exports_total{backend=\"otlp\",result=\"rejected\"}"),
+        1.0,
+        "{metrics:#?}"
+    );
+    assert_eq!(
+        v("pyebpf_export_partial_success_total{backend=\"otlp\"}"),
+        1.0,
+        "{metrics:#?}"
+    );
+    assert!(v("pyebpf_exports_total{backend=\"otlp\",result=\"ok\"}") >= 2.0);
+    for cause in ["connect", "timeout", "server", "throttled"] {
+        let key = format!("pyebpf_export_retries_total{{backend=\"otlp\",cause=\"{cause}\"}}");
+        assert_eq!(v(&key), 0.0, "{metrics:#?}");
+    }
+    let requests = collector.requests();
+    assert_eq!(requests[0]["status"], 400);
+    // Not sent again: the next request is the next window.
+    let start = |r: &Value| r["resources"][0]["scopes"][0]["profiles"][0]["time_unix_nano"].clone();
+    assert_ne!(start(&requests[0]), start(&requests[1]));
+    assert!(stderr.contains("refused"), "{stderr}");
+    assert!(stderr.contains("one profile was too old"), "{stderr}");
+}
+
+/// A bad OTLP setting, from the flag or a standard variable, is one line naming it, exit 2.
+#[test]
+fn otlp_bad_configuration_is_one_line_exit_2() {
+    for (args, env, expect) in [
+        (vec!["--otlp", "ftp://collector"], vec![], "--otlp"),
+        (
+            vec!["--otlp", "http://u:secret@c:4318"],
+            vec![],
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")],
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL", "grpc")],
+            "http/protobuf",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_EXPORTER_OTLP_HEADERS", "novalue")],
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ),
+        (
+            vec!["--otlp"],
+            vec![("OTEL_RESOURCE_ATTRIBUTES", "=x")],
+            "OTEL_RESOURCE_ATTRIBUTES",
+        ),
+    ] {
+        let out = Command::new(pyebpf_bin())
+            .arg("agent")
+            .args(&args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        let line = one_line_error(&stderr);
+        assert!(line.contains(expect), "{args:?} {env:?}: {stderr}");
+        assert!(!stderr.contains("secret"), "{stderr}");
+    }
+}

@@ -511,7 +511,7 @@ fn close(a: [u8; 3], b: [u8; 3]) -> bool {
 }
 
 /// Each `-f` value and the test (file, function) that opens it in a real consumer.
-const CONSUMER_TESTS: [(&str, &str, &str); 4] = [
+const CONSUMER_TESTS: [(&str, &str, &str); 5] = [
     (
         "flamegraph",
         "consumers.rs",
@@ -531,6 +531,11 @@ const CONSUMER_TESTS: [(&str, &str, &str); 4] = [
         "pprof",
         "pprof.rs",
         "chain_types_period_stack_and_labels_on_every_interpreter",
+    ),
+    (
+        "otlp",
+        "otlp.rs",
+        "record_otlp_writes_a_request_the_upstream_classes_read",
     ),
 ];
 
@@ -554,6 +559,7 @@ fn every_format_has_a_consumer_test() {
         let source = match file {
             "consumers.rs" => include_str!("consumers.rs"),
             "pprof.rs" => include_str!("pprof.rs"),
+            "otlp.rs" => include_str!("otlp.rs"),
             other => panic!("unknown test file {other}"),
         };
         assert!(

@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler::identity::{self, Labels, OperatorLabels, ProcessLabels, ServiceSource};
+use profiler::identity::{self, OperatorLabels, ProcessLabels, ServiceSource};
 use tests::{interpreters_logged, Interpreter, Workload};
 
 /// A workload's body: says it is ready, then waits to be killed.
@@ -225,8 +225,16 @@ fn console_scripts_name_their_app_or_themselves() {
             // And the series Pyroscope gets for it.
             let operator = OperatorLabels::parse(&["env=test"]).unwrap();
             let host = identity::hostname().unwrap();
-            let series = Labels::new(&found, &host, &operator);
-            let pairs = series.series();
+            let series = identity::series_labels(
+                &found.service_name,
+                &host,
+                &operator,
+                std::iter::once(&found),
+            );
+            let pairs: Vec<(&str, &str)> = series
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
             assert_eq!(pairs[0], ("__name__", "process_cpu"));
             assert_eq!(pairs[1], ("service_name", found.service_name.as_str()));
             let pid = workload.pid().to_string();
@@ -238,6 +246,20 @@ fn console_scripts_name_their_app_or_themselves() {
                 ("python_version", version(&interp).as_str()),
             ] {
                 assert!(pairs.contains(&expected), "{expected:?} in {pairs:?}");
+            }
+            // A process outside any container is in no pod.
+            if found.container_id.is_none() {
+                assert!(
+                    found.kubernetes.is_empty(),
+                    "{what}: {:?}",
+                    found.kubernetes
+                );
+                for name in ["namespace", "pod", "container", "pod_uid", "container_id"] {
+                    assert!(
+                        !pairs.iter().any(|(k, _)| *k == name),
+                        "{name} in {pairs:?}"
+                    );
+                }
             }
         }
     }

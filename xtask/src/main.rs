@@ -8,11 +8,13 @@ mod consumers;
 mod demo;
 mod freethreaded;
 mod fuzz;
+mod image;
 mod run;
 mod setup;
 mod sidroot;
 mod test;
 mod util;
+mod venv;
 mod vm;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +45,13 @@ enum Cmd {
     Freethreaded(freethreaded::FreethreadedArgs),
     /// Run every test: fmt check, setup, sid root, build pyebpf, `cargo test --workspace`.
     Test(test::TestArgs),
+    /// Build the OCI image localhost/pyebpf:latest (podman, a Debian base; no registry).
+    ///
+    /// The base is only the libraries the binary links (libc6, libgcc-s1), unpacked by
+    /// mmdebstrap and cached in /var/cache/pyebpf/image/; the entrypoint is `pyebpf`, the
+    /// default command `agent`. packaging/kubernetes/daemonset.yaml runs it. Installs podman,
+    /// runc and mmdebstrap when missing.
+    Image(image::ImageArgs),
     /// Profile examples/demo.py for 5 s and write pyebpf-demo.svg.
     Demo,
     /// Build pyebpf in release mode.
@@ -89,6 +98,7 @@ fn main() {
         Cmd::Sidroot(args) => sidroot::sidroot(&args).map(|_| ()),
         Cmd::Freethreaded(args) => freethreaded::freethreaded(&args).map(|_| ()),
         Cmd::Test(args) => test::test(&args),
+        Cmd::Image(args) => image::image(&args),
         Cmd::Demo => demo::demo(),
         Cmd::Fuzz(args) => fuzz::fuzz(&args),
         Cmd::Build => run::build_release().map(|_| ()),

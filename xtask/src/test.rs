@@ -1,8 +1,11 @@
 //! `cargo xtask test`: the project's one test command.
 //!
 //! fmt check -> setup -> go (for `go tool pprof`) -> tmux -> chromium and speedscope (for the
-//! consumer tests) -> sid root -> free-threaded CPython 3.13 -> build `pyebpf` ->
-//! `cargo test --workspace` with `PYEBPF_BIN`, `PYEBPF_SID_ROOT`, `PYEBPF_FREETHREADED` and the
+//! consumer tests) -> the Python venv (the OTLP receiver's protocol classes) -> sid root ->
+//! podman and the Python image (for the container tests) -> build `pyebpf` -> the free-threaded
+//! CPython 3.13 (built beside the steps before) -> the pyebpf image from it ->
+//! `cargo test --workspace` with `PYEBPF_BIN`, `PYEBPF_SID_ROOT`, `PYEBPF_FREETHREADED`,
+//! `PYEBPF_TEST_VENV`, the images (`PYEBPF_TEST_IMAGE`, `PYEBPF_TEST_PYTHON_IMAGE`) and the
 //! consumers' paths (`consumers::Consumers::env`) set for the integration tests.
 use std::ffi::OsString;
 use std::time::Instant;
@@ -13,9 +16,11 @@ use clap::Args;
 use crate::apt;
 use crate::consumers;
 use crate::freethreaded::{self, FreethreadedArgs};
+use crate::image;
 use crate::setup::{self, SetupArgs};
 use crate::sidroot::{self, SidrootArgs};
 use crate::util;
+use crate::venv;
 
 #[derive(Args, Debug)]
 pub struct TestArgs {
@@ -102,6 +107,18 @@ pub fn test(args: &TestArgs) -> Result<()> {
     let consumers = consumers::ensure();
     done("consumers", &mut lap);
 
+    // tests/tests/agent.rs's OTLP receiver decodes with the upstream protocol classes
+    // (opentelemetry-proto from PyPI). Not fatal: without them those tests fail and say why.
+    util::step("the tests' Python venv (the OTLP receiver's protocol classes)");
+    let venv = match venv::ensure() {
+        Ok(venv) => Some(venv),
+        Err(err) => {
+            eprintln!("{err:#}; the OTLP tests will fail");
+            None
+        }
+    };
+    done("venv", &mut lap);
+
     let sid_args = SidrootArgs::default();
     let sid_root = sidroot::root_dir(&sid_args);
     if args.no_sidroot {
@@ -113,6 +130,15 @@ pub fn test(args: &TestArgs) -> Result<()> {
             .context("the sid root (CPython 3.13-3.15) could not be built; the tests need it")?;
     }
     done("sid root", &mut lap);
+
+    // tests/tests/kubernetes.rs runs Python in podman containers (the sid root imported as an
+    // image) and the pyebpf image as the DaemonSet runs it. Not fatal: those tests fail and
+    // say why.
+    let containers = image::ensure_podman().and_then(|()| image::ensure_python_image(&sid_root));
+    if let Err(err) = &containers {
+        eprintln!("{err:#}; the container tests will fail");
+    }
+    done("podman", &mut lap);
 
     util::step("build pyebpf (debug)");
     util::run(util::cargo().args(["build", "-p", "profiler"]))
@@ -130,6 +156,15 @@ pub fn test(args: &TestArgs) -> Result<()> {
     // Only the wait: the build itself overlapped the steps above.
     done("free-threaded CPython wait", &mut lap);
 
+    // The image the DaemonSet runs, from the binary just built: `cargo xtask image` is the same
+    // recipe with the release binary, which the tests need not wait for.
+    if containers.is_ok() {
+        if let Err(err) = image::build(&bin, image::TEST_TAG, None) {
+            eprintln!("{err:#}; the image tests will fail");
+        }
+    }
+    done("image", &mut lap);
+
     util::step("cargo test --workspace");
     let (cargo_args, harness_args) = split_at_dashdash(&args.args);
     let runs = util::target_dir().join("pyebpf-test-runs.tsv");
@@ -139,8 +174,13 @@ pub fn test(args: &TestArgs) -> Result<()> {
         .env("PYEBPF_SID_ROOT", &sid_root)
         .env("PYEBPF_FREETHREADED", &ft_dir)
         .env("PYEBPF_TEST_RUNS", &runs)
-        .envs(consumers.env())
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .env("PYEBPF_TEST_IMAGE", image::TEST_TAG)
+        .env("PYEBPF_TEST_PYTHON_IMAGE", image::PYTHON_IMAGE)
+        .envs(consumers.env());
+    if let Some(venv) = &venv {
+        cmd.env("PYEBPF_TEST_VENV", venv);
+    }
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
         .args(cargo_args)
         .arg("--");
     if !harness_args

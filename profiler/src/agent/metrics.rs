@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::agent::push::PushStats;
+use crate::agent::export::ExporterStats;
 
 /// The OpenMetrics content type `prometheus-client` encodes.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -38,9 +38,11 @@ pub(crate) struct Snapshot {
     /// `None` where the kernel keeps no BPF run-time statistics.
     pub cpu_bpf_seconds: Option<f64>,
     pub resident_bytes: u64,
-    pub push: Option<PushStats>,
+    /// Each exporter's counters, labelled with its name.
+    pub exports: Vec<ExporterStats>,
     pub pull_served: u64,
     pub pull_refused: u64,
+    pub identity: crate::identity::IdentityStats,
 }
 
 pub(crate) struct Metrics {
@@ -58,9 +60,17 @@ pub(crate) struct Metrics {
     exports: Family<Labels, Counter>,
     export_drops: Family<Labels, Counter>,
     export_retries: Family<Labels, Counter>,
+    export_partial: Family<Labels, Counter>,
+    export_queue: Family<Labels, Gauge>,
+    export_queue_bytes: Family<Labels, Gauge>,
+    dictionary: Family<Labels, Gauge>,
+    dictionary_over_limit: Family<Labels, Counter>,
     queue: Gauge,
     queue_bytes: Gauge,
     pulls: Family<Labels, Counter>,
+    identity_missing: Family<Labels, Counter>,
+    identity_containers: Counter,
+    identity_cache_resets: Counter,
 }
 
 impl Default for Metrics {
@@ -80,9 +90,17 @@ impl Default for Metrics {
             exports: Family::default(),
             export_drops: Family::default(),
             export_retries: Family::default(),
+            export_partial: Family::default(),
+            export_queue: Family::default(),
+            export_queue_bytes: Family::default(),
+            dictionary: Family::default(),
+            dictionary_over_limit: Family::default(),
             queue: Gauge::default(),
             queue_bytes: Gauge::default(),
             pulls: Family::default(),
+            identity_missing: Family::default(),
+            identity_containers: Counter::default(),
+            identity_cache_resets: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("samples", "Python stacks sampled", m.samples.clone());
@@ -133,33 +151,73 @@ impl Default for Metrics {
         );
         registry.register(
             "exports",
-            "Profiles pushed, by backend and result: ok, rejected (4xx), retries_exhausted",
+            "Requests sent, by backend and result: ok, rejected (a status not worth retrying), retries_exhausted",
             m.exports.clone(),
         );
         registry.register(
             "export_dropped",
-            "Profiles dropped before they were sent, by reason: queue_full, too_large",
+            "Requests dropped before they were sent, by backend and reason: queue_full, too_large",
             m.export_drops.clone(),
         );
         registry.register(
             "export_retries",
-            "Push attempts that failed and were retried, by backend and cause: connect, timeout, server (5xx), throttled (429)",
+            "Attempts that failed and were retried, by backend and cause: connect, timeout, server (5xx), throttled (429)",
             m.export_retries.clone(),
         );
         registry.register(
+            "export_partial_success",
+            "Requests the backend accepted only in part (OTLP partial_success), by backend",
+            m.export_partial.clone(),
+        );
+        registry.register(
+            "export_queue_depth",
+            "Requests waiting to be sent, by backend",
+            m.export_queue.clone(),
+        );
+        registry.register(
+            "export_queue_bytes",
+            "Bytes of requests waiting to be sent, by backend",
+            m.export_queue_bytes.clone(),
+        );
+        registry.register(
+            "export_dictionary_entries",
+            "Entries of the last window's dictionary tables (strings, functions, locations, mappings, stacks, attributes), by backend (OTLP)",
+            m.dictionary.clone(),
+        );
+        registry.register(
+            "export_dictionary_over_limit_samples",
+            "Samples whose stack was folded into one frame because the window's dictionary was full, by backend",
+            m.dictionary_over_limit.clone(),
+        );
+        registry.register(
             "push_queue_depth",
-            "Profiles waiting to be pushed",
+            "Requests waiting to be sent, all backends together (see export_queue_depth)",
             m.queue.clone(),
         );
         registry.register(
             "push_queue_bytes",
-            "Bytes of profiles waiting to be pushed",
+            "Bytes of requests waiting to be sent, all backends together",
             m.queue_bytes.clone(),
         );
         registry.register(
             "pull_profiles",
             "/debug/pprof/profile requests, by result: served, refused",
             m.pulls.clone(),
+        );
+        registry.register(
+            "identity_sources_missing",
+            "Identity sources that gave nothing, so their labels were left out, by source and reason: cgroup unreadable (per process); bundle not_found, unreadable, too_large, malformed and service_account unreadable (per container)",
+            m.identity_missing.clone(),
+        );
+        registry.register(
+            "identity_containers",
+            "Containers whose identity (runtime, pod) was looked up, each once",
+            m.identity_containers.clone(),
+        );
+        registry.register(
+            "identity_cache_resets",
+            "Times the container identity cache was full and started over",
+            m.identity_cache_resets.clone(),
         );
         Metrics { registry, ..m }
     }
@@ -211,17 +269,20 @@ impl Metrics {
             raise_f64(&self.cpu.get_or_create(&vec![("mode", "bpf")]), bpf);
         }
         self.resident.set(gauge(snapshot.resident_bytes));
-        if let Some(push) = &snapshot.push {
-            let export = |result| vec![("backend", "pyroscope"), ("result", result)];
-            raise(&self.exports.get_or_create(&export("ok")), push.ok);
+        let (mut queued, mut queued_bytes) = (0, 0);
+        for export in &snapshot.exports {
+            let backend = export.name;
+            let push = &export.queue;
+            let export_label = |result| vec![("backend", backend), ("result", result)];
+            raise(&self.exports.get_or_create(&export_label("ok")), push.ok);
             for (reason, n) in push.failed() {
-                raise(&self.exports.get_or_create(&export(reason)), n);
+                raise(&self.exports.get_or_create(&export_label(reason)), n);
             }
             for (reason, n) in push.dropped() {
                 raise(
                     &self
                         .export_drops
-                        .get_or_create(&vec![("backend", "pyroscope"), ("reason", reason)]),
+                        .get_or_create(&vec![("backend", backend), ("reason", reason)]),
                     n,
                 );
             }
@@ -235,12 +296,31 @@ impl Metrics {
                 raise(
                     &self
                         .export_retries
-                        .get_or_create(&vec![("backend", "pyroscope"), ("cause", cause)]),
+                        .get_or_create(&vec![("backend", backend), ("cause", cause)]),
                     n,
                 );
             }
-            self.queue.set(gauge(push.queued as u64));
-            self.queue_bytes.set(gauge(push.queued_bytes as u64));
+            let label = vec![("backend", backend)];
+            raise(&self.export_partial.get_or_create(&label), push.partial);
+            self.export_queue
+                .get_or_create(&label)
+                .set(gauge(push.queued as u64));
+            self.export_queue_bytes
+                .get_or_create(&label)
+                .set(gauge(push.queued_bytes as u64));
+            if let Some(d) = export.dictionary {
+                self.dictionary.get_or_create(&label).set(gauge(d.entries));
+                raise(
+                    &self.dictionary_over_limit.get_or_create(&label),
+                    d.over_limit_samples,
+                );
+            }
+            queued += push.queued as u64;
+            queued_bytes += push.queued_bytes as u64;
+        }
+        if !snapshot.exports.is_empty() {
+            self.queue.set(gauge(queued));
+            self.queue_bytes.set(gauge(queued_bytes));
         }
         raise(
             &self.pulls.get_or_create(&vec![("result", "served")]),
@@ -250,6 +330,16 @@ impl Metrics {
             &self.pulls.get_or_create(&vec![("result", "refused")]),
             snapshot.pull_refused,
         );
+        for (source, reason, n) in snapshot.identity.missing() {
+            raise(
+                &self
+                    .identity_missing
+                    .get_or_create(&vec![("source", source), ("reason", reason)]),
+                n,
+            );
+        }
+        raise(&self.identity_containers, snapshot.identity.containers);
+        raise(&self.identity_cache_resets, snapshot.identity.cache_resets);
         let mut text = String::new();
         // Encoding into a String cannot fail.
         let _ = encode(&mut text, &self.registry);
@@ -328,5 +418,16 @@ mod tests {
         assert_eq!(value(&text, "pyebpf_samples_total "), 25.0);
         assert_eq!(value(&text, "pyebpf_processes "), 1.0);
         assert!(!text.contains("backend=\"pyroscope\""));
+        s.identity.bundle_not_found = 2;
+        s.identity.containers = 3;
+        let text = m.render(&s);
+        assert_eq!(
+            value(
+                &text,
+                "pyebpf_identity_sources_missing_total{source=\"bundle\",reason=\"not_found\"} "
+            ),
+            2.0
+        );
+        assert_eq!(value(&text, "pyebpf_identity_containers_total "), 3.0);
     }
 }

@@ -1,7 +1,8 @@
 //! `pyebpf agent`: continuous, system-wide profiling for a fleet. A sink on the one driver.
 //!
 //! - [`window`]: every `--interval`, one pprof profile per service, labelled for its series.
-//! - [`push`]: those profiles to Grafana Pyroscope through a bounded, retrying queue.
+//! - [`export`]: those profiles to the backends (Grafana Pyroscope, an OpenTelemetry
+//!   Collector), each through its own bounded, retrying queue.
 //! - [`server`]: `/debug/pprof/profile` (pull: Parca, Alloy, `go tool pprof`), `/metrics`
 //!   ([`metrics`]) and `/healthz`, answered by the sampling loop itself.
 //!
@@ -9,8 +10,18 @@
 //! kernel's ring buffer once a second, and does nothing per sample but aggregate; profiles are
 //! encoded once per interval. BENCHMARKS.md has the measured CPU and memory.
 
+pub(crate) mod export;
 pub(crate) mod metrics;
-pub mod push;
+
+/// The Pyroscope push under the names it had before the exporters shared one queue
+/// (`profiler/tests/agent_push.rs` drives it over real HTTP).
+pub mod push {
+    pub use super::export::pyroscope::{PushTarget, TargetError};
+    pub use super::export::queue::{
+        AttemptErrors, Backoff, ExportQueue as Pusher, ExportStats as PushStats, Leftover,
+        QueueConfig as PushConfig, Queued,
+    };
+}
 pub(crate) mod server;
 pub(crate) mod window;
 
@@ -25,7 +36,10 @@ use crate::driver::{self, Flow, Options, Scope, Sink};
 use crate::identity::{self, OperatorLabels};
 use crate::session::{Resolved, Session};
 use crate::UsageError;
-use push::{PushConfig, PushTarget, Pusher};
+use export::otlp::{Otlp, OtlpSettings};
+use export::pyroscope::{PushTarget, Pyroscope};
+use export::queue::QueueConfig;
+use export::Export;
 use server::{Filter, Request};
 use window::{Window, Windows};
 
@@ -53,13 +67,19 @@ pub fn run(args: AgentArgs) -> Result<i32> {
         )
         .into());
     }
+    let otlp = args
+        .otlp
+        .as_deref()
+        .map(|flag| OtlpSettings::new(flag, &|name| std::env::var(name).ok()))
+        .transpose()
+        .map_err(|e| UsageError(e.to_string()))?;
     let listen = match args.listen.as_str() {
         "off" | "none" | "" => None,
         addr => Some(addr.to_string()),
     };
-    if target.is_none() && listen.is_none() {
+    if target.is_none() && otlp.is_none() && listen.is_none() {
         return Err(UsageError(
-            "with --listen off and no --pyroscope URL the profiles would go nowhere: give one of them".into(),
+            "with --listen off and no --pyroscope or --otlp URL the profiles would go nowhere: give one of them".into(),
         )
         .into());
     }
@@ -71,13 +91,23 @@ pub fn run(args: AgentArgs) -> Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(agent(args, operator, target, listen, hostname))
+    let backends = Backends {
+        pyroscope: target,
+        otlp,
+    };
+    runtime.block_on(agent(args, operator, backends, listen, hostname))
+}
+
+/// Where the windows go.
+struct Backends {
+    pyroscope: Option<PushTarget>,
+    otlp: Option<OtlpSettings>,
 }
 
 async fn agent(
     args: AgentArgs,
     operator: OperatorLabels,
-    target: Option<PushTarget>,
+    backends: Backends,
     listen: Option<String>,
     hostname: String,
 ) -> Result<i32> {
@@ -93,19 +123,31 @@ async fn agent(
         }
         None => None,
     };
-    let pusher = match target {
-        Some(target) => {
-            let pusher =
-                Pusher::new(target, PushConfig::default()).context("starting the push thread")?;
-            eprintln!(
-                "pyebpf agent: pushing every {}s to {}",
-                args.interval,
-                pusher.endpoint()
-            );
-            Some(pusher)
-        }
-        None => None,
-    };
+    let mut exports = Vec::new();
+    if let Some(target) = backends.pyroscope {
+        exports.push(
+            Export::start(Box::new(Pyroscope), target.http(), QueueConfig::default())
+                .context("starting the Pyroscope export thread")?,
+        );
+    }
+    if let Some(settings) = backends.otlp {
+        let config = QueueConfig {
+            timeout: settings.timeout,
+            ..QueueConfig::default()
+        };
+        let otlp = Otlp::new(&settings, &hostname, &operator);
+        exports.push(
+            Export::start(Box::new(otlp), settings.http(), config)
+                .context("starting the OTLP export thread")?,
+        );
+    }
+    for export in &exports {
+        eprintln!(
+            "pyebpf agent: pushing every {}s to {}",
+            args.interval,
+            export.endpoint()
+        );
+    }
     let options = Options {
         scope: Scope::Host,
         rate_hz: args.rate,
@@ -128,11 +170,9 @@ async fn agent(
     let mut sink = Agent {
         rate_hz: args.rate,
         interval: Duration::from_secs_f64(args.interval),
-        windows: pusher
-            .is_some()
-            .then(|| Windows::new(hostname, operator.clone())),
+        windows: (!exports.is_empty()).then(|| Windows::new(hostname, operator.clone())),
         operator,
-        pusher,
+        exports,
         pulls: Vec::new(),
         requests,
         metrics: metrics::Metrics::default(),
@@ -149,28 +189,32 @@ async fn agent(
         // Let the server write those answers.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    if let Some(pusher) = &sink.pusher {
-        let left = pusher.flush(Instant::now() + Duration::from_secs_f64(args.flush_timeout));
+    // The exporters flush side by side: each has its own thread, all share one deadline.
+    let deadline = Instant::now() + Duration::from_secs_f64(args.flush_timeout);
+    let left = Export::flush_all(&sink.exports, deadline);
+    let mut pushed = Vec::new();
+    for (export, left) in sink.exports.iter().zip(left) {
         if left.requests > 0 {
             eprintln!(
-                "pyebpf agent: {} profiles ({} bytes) could not be pushed before the {}s flush timeout",
-                left.requests, left.bytes, args.flush_timeout
+                "pyebpf agent: {} profiles ({} bytes) could not be pushed to {} before the {}s flush timeout",
+                left.requests, left.bytes, export.name(), args.flush_timeout
             );
         }
-        let st = pusher.stats();
-        eprintln!(
-            "pyebpf agent: stopped ({stop:?}); {} samples, {} profiles pushed, {} failed, {} dropped",
-            session.stats().samples,
+        let st = export.stats().queue;
+        pushed.push(format!(
+            "{}: {} requests pushed, {} failed, {} dropped",
+            export.name(),
             st.ok,
             st.failed_rejected + st.failed_exhausted,
             st.dropped_queue_full + st.dropped_too_large
-        );
-    } else {
-        eprintln!(
-            "pyebpf agent: stopped ({stop:?}); {} samples",
-            session.stats().samples
-        );
+        ));
     }
+    eprintln!(
+        "pyebpf agent: stopped ({stop:?}); {} samples{}{}",
+        session.stats().samples,
+        if pushed.is_empty() { "" } else { "; " },
+        pushed.join("; ")
+    );
     drop(bpf_stats);
     Ok(0)
 }
@@ -189,10 +233,10 @@ struct Pull {
 struct Agent {
     rate_hz: u64,
     interval: Duration,
-    /// Only with a push target: without one, nobody would read them.
+    /// Only with an exporter: without one, nobody would read them.
     windows: Option<Windows>,
     operator: OperatorLabels,
-    pusher: Option<Pusher>,
+    exports: Vec<Export>,
     pulls: Vec<Pull>,
     requests: Option<mpsc::UnboundedReceiver<Request>>,
     metrics: metrics::Metrics,
@@ -202,14 +246,17 @@ struct Agent {
 }
 
 impl Agent {
-    /// Cuts every service's window and queues it for push.
+    /// Cuts every service's window and hands it to every exporter.
     fn cut_windows(&mut self) {
-        let (Some(windows), Some(pusher)) = (self.windows.as_mut(), self.pusher.as_ref()) else {
+        let Some(windows) = self.windows.as_mut() else {
             return;
         };
-        for cut in windows.cut(self.rate_hz) {
-            let summary = format!("{} ({} samples)", cut.service, cut.samples);
-            pusher.push(cut.push_request(), summary);
+        let cuts = windows.cut(self.rate_hz);
+        if cuts.is_empty() {
+            return;
+        }
+        for export in &mut self.exports {
+            export.export(&cuts);
         }
     }
 
@@ -225,9 +272,9 @@ impl Agent {
             if pull.reply.is_closed() {
                 continue;
             }
-            let (pprof, _) =
-                pull.window
-                    .pprof(pull.started, pull.started_at.elapsed(), self.rate_hz);
+            let pprof = pull
+                .window
+                .pprof(pull.started, pull.started_at.elapsed(), self.rate_hz);
             if pull.reply.send(Ok(pprof)).is_ok() {
                 self.pull_served += 1;
             }
@@ -267,9 +314,10 @@ impl Agent {
                 .bpf_stats
                 .then(|| session.program_runtime().0 as f64 / 1e9),
             resident_bytes: metrics::own_rss(),
-            push: self.pusher.as_ref().map(Pusher::stats),
+            exports: self.exports.iter().map(Export::stats).collect(),
             pull_served: self.pull_served,
             pull_refused: self.pull_refused,
+            identity: session.identity_stats(),
         }
     }
 }

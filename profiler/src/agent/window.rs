@@ -2,10 +2,8 @@
 //! series it is pushed to.
 //!
 //! A service is what [`crate::identity`] named the process (or an operator's `service_name`
-//! label). Its series carries `__name__`, `service_name`, `hostname`, `python_version` and the
-//! operator's labels, and also `pid`, `comm` and `container_id` when every process of the
-//! window agrees on them (one process, or one container): a pool of gunicorn workers is one
-//! series, not one per worker, while its samples keep `pid` and `tid` as pprof labels.
+//! label). Its series' labels are [`identity::series_labels`]: a pool of gunicorn workers is
+//! one series, not one per worker, while its samples keep `pid` and `tid` as pprof labels.
 //!
 //! Bounds: at most [`MAX_SERVICES`] services per window (samples of others are counted in
 //! [`Windows::services_over_limit`] and left out), and at most [`MAX_WINDOW_STACKS`] distinct
@@ -15,15 +13,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use prost::Message;
-
 use crate::aggregate::stacks::Aggregator;
 use crate::aggregate::{Profile, Timing};
 use crate::discovery::PythonProcess;
-use crate::identity::{OperatorLabels, ProcessLabels, PROFILE_NAME};
+use crate::identity::{self, OperatorLabels, ProcessLabels};
 use crate::output::pprof;
-use crate::proto::push::v1 as push;
-use crate::proto::types::v1 as types;
 use crate::session::Resolved;
 
 /// Services with a profile in one window.
@@ -38,7 +32,29 @@ const MAX_PROCESSES: usize = 4096;
 /// A profile being filled, and whom it covers.
 pub(crate) struct Window {
     aggregator: Aggregator,
-    processes: BTreeMap<u32, Arc<ProcessLabels>>,
+    processes: BTreeMap<u32, WindowProcess>,
+}
+
+/// What a window knows of a process it has samples of.
+#[derive(Clone, Debug)]
+pub(crate) struct WindowProcess {
+    pub identity: Arc<ProcessLabels>,
+    /// The executable's file name (`/proc/PID/exe`), read at the process's first sample in
+    /// the window; its `comm` when that cannot be read.
+    pub executable: String,
+}
+
+impl WindowProcess {
+    fn of(process: &PythonProcess) -> WindowProcess {
+        let executable = std::fs::read_link(format!("/proc/{}/exe", process.pid))
+            .ok()
+            .and_then(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| process.identity.comm.clone());
+        WindowProcess {
+            identity: Arc::clone(&process.identity),
+            executable,
+        }
+    }
 }
 
 impl Window {
@@ -54,7 +70,7 @@ impl Window {
         if self.processes.len() < MAX_PROCESSES {
             self.processes
                 .entry(process.pid)
-                .or_insert_with(|| Arc::clone(&process.identity));
+                .or_insert_with(|| WindowProcess::of(process));
         }
         self.aggregator.add(sample, process);
     }
@@ -63,13 +79,8 @@ impl Window {
         self.aggregator.profile.samples
     }
 
-    /// The gzipped pprof of what was collected since `started`.
-    pub(crate) fn pprof(
-        self,
-        started: SystemTime,
-        elapsed: Duration,
-        rate_hz: u64,
-    ) -> (Vec<u8>, Stats) {
+    /// The profile of what was collected since `started`.
+    pub(crate) fn finish(self, started: SystemTime, elapsed: Duration, rate_hz: u64) -> Profile {
         let mut profile = self.aggregator.profile;
         profile.timing = Timing {
             start_unix_ns: started
@@ -78,54 +89,28 @@ impl Window {
             duration_ns: elapsed.as_nanos() as u64,
             period_ns: 1_000_000_000 / rate_hz.max(1),
         };
-        let stats = Stats {
-            samples: profile.samples,
-            over_limit: profile.over_limit,
-        };
+        profile
+    }
+
+    /// The gzipped pprof of what was collected since `started`.
+    pub(crate) fn pprof(self, started: SystemTime, elapsed: Duration, rate_hz: u64) -> Vec<u8> {
+        let profile = self.finish(started, elapsed, rate_hz);
         let mut bytes = Vec::new();
         // Writing to a Vec fails only on allocation failure, which aborts anyway.
         let _ = pprof::write(&profile, "pyebpf agent", &mut bytes);
-        (bytes, stats)
+        bytes
     }
 }
 
-/// Counts of one cut profile.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Stats {
-    pub samples: u64,
-    pub over_limit: u64,
-}
-
-/// One service's profile of a window, ready to push.
+/// One service's profile of a window, for the exporters.
 pub(crate) struct Cut {
     pub service: String,
+    /// The labels of the service's series (Pyroscope's), `__name__` and `service_name` first.
     pub labels: Vec<(String, String)>,
-    pub pprof: Vec<u8>,
-    pub samples: u64,
-}
-
-impl Cut {
-    /// The Pyroscope `PushRequest` holding this profile.
-    pub(crate) fn push_request(&self) -> Vec<u8> {
-        push::PushRequest {
-            series: vec![push::RawProfileSeries {
-                labels: self
-                    .labels
-                    .iter()
-                    .map(|(name, value)| types::LabelPair {
-                        name: name.clone(),
-                        value: value.clone(),
-                    })
-                    .collect(),
-                samples: vec![push::RawSample {
-                    raw_profile: self.pprof.clone(),
-                    id: String::new(),
-                }],
-                ..Default::default()
-            }],
-        }
-        .encode_to_vec()
-    }
+    /// With its timing; samples labelled with pid, tid, thread name and the process's labels.
+    pub profile: Profile,
+    /// The processes with samples in it (at most [`MAX_PROCESSES`]), by pid.
+    pub processes: BTreeMap<u32, WindowProcess>,
 }
 
 /// The current window of every service.
@@ -193,55 +178,32 @@ impl Windows {
                 continue;
             }
             let labels = self.series_labels(&service, window.processes.values());
-            let (pprof, stats) = window.pprof(started, elapsed, rate_hz);
-            self.stacks_over_limit += stats.over_limit;
+            let processes = window.processes.clone();
+            let profile = window.finish(started, elapsed, rate_hz);
+            self.stacks_over_limit += profile.over_limit;
             self.cut += 1;
             cuts.push(Cut {
                 service,
                 labels,
-                pprof,
-                samples: stats.samples,
+                profile,
+                processes,
             });
         }
         cuts
     }
 
-    /// `__name__` and `service_name` first, then the rest by name; an operator's label wins.
+    /// The labels of `service`'s series (see [`identity::series_labels`]).
     fn series_labels<'a>(
         &self,
         service: &str,
-        processes: impl Iterator<Item = &'a Arc<ProcessLabels>> + Clone,
+        processes: impl Iterator<Item = &'a WindowProcess> + Clone,
     ) -> Vec<(String, String)> {
-        let mut labels = BTreeMap::new();
-        let mut set = |name: &str, value: Option<String>| {
-            if let Some(value) = value.filter(|v| !v.is_empty()) {
-                labels.insert(name.to_string(), value);
-            }
-        };
-        set("hostname", Some(self.hostname.clone()));
-        set(
-            "pid",
-            common(processes.clone(), |p| Some(p.pid.to_string())),
-        );
-        set("comm", common(processes.clone(), |p| Some(p.comm.clone())));
-        set(
-            "python_version",
-            common(processes.clone(), |p| Some(p.python_version.clone())),
-        );
-        set(
-            "container_id",
-            common(processes, |p| p.container_id.clone()),
-        );
-        for (name, value) in self.operator.iter() {
-            set(name, Some(value.to_string()));
-        }
-        labels.remove("service_name");
-        let mut series = vec![
-            ("__name__".to_string(), PROFILE_NAME.to_string()),
-            ("service_name".to_string(), service.to_string()),
-        ];
-        series.extend(labels);
-        series
+        identity::series_labels(
+            service,
+            &self.hostname,
+            &self.operator,
+            processes.map(|p| p.identity.as_ref()),
+        )
     }
 }
 
@@ -252,31 +214,26 @@ pub(crate) fn service_of<'a>(operator: &'a OperatorLabels, process: &'a PythonPr
         .unwrap_or(&process.identity.service_name)
 }
 
-/// The value every process agrees on; `None` if they differ or one has none.
-fn common<'a>(
-    mut processes: impl Iterator<Item = &'a Arc<ProcessLabels>>,
-    value: impl Fn(&ProcessLabels) -> Option<String>,
-) -> Option<String> {
-    let first = value(processes.next()?)?;
-    processes
-        .all(|p| value(p).as_ref() == Some(&first))
-        .then_some(first)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::identity::ServiceSource;
 
-    fn labels(pid: u32, comm: &str, container: Option<&str>) -> Arc<ProcessLabels> {
-        Arc::new(ProcessLabels {
+    fn labels(pid: u32, comm: &str, container: Option<&str>) -> WindowProcess {
+        let identity = Arc::new(ProcessLabels {
             pid,
             comm: comm.into(),
             service_name: "svc".into(),
             service_source: ServiceSource::Program,
             container_id: container.map(Into::into),
+            container_runtime: None,
+            kubernetes: Default::default(),
             python_version: "3.12".into(),
-        })
+        });
+        WindowProcess {
+            identity,
+            executable: "python3.12".into(),
+        }
     }
 
     fn windows(operator: &[&str]) -> Windows {

@@ -1,6 +1,6 @@
-//! Sample labels: who ran a stack (pid, tid, thread name, process, container, service), as
-//! opposed to what code it ran. pprof writes them as sample labels; the other formats ignore
-//! them.
+//! Sample labels: who ran a stack (pid, tid, thread name, and the process's own labels from
+//! [`crate::identity::sample_labels`]), as opposed to what code it ran. pprof writes them as
+//! sample labels; the other formats ignore them.
 //!
 //! A sample's labels are interned as one set, so a sample costs one id, and the sets of a
 //! thread are built once (see [`super::stacks::Aggregator`]).
@@ -8,8 +8,6 @@
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-
-use crate::discovery::PythonProcess;
 
 /// Index of an interned label set in its [`super::Profile`].
 pub(crate) type LabelSetId = u32;
@@ -44,20 +42,6 @@ impl Label {
             value: LabelValue::Str(value.into()),
         }
     }
-}
-
-/// The labels every sample of a process carries, besides its numeric `pid` and `tid`:
-/// `process` (the short command), `service_name` (see [`crate::identity`]) and, when it runs
-/// in one, `container_id`. The one place per-process labels come from.
-pub(crate) fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
-    let mut labels = vec![
-        ("process", process.command.clone()),
-        ("service_name", process.identity.service_name.clone()),
-    ];
-    if let Some(id) = &process.identity.container_id {
-        labels.push(("container_id", id.clone()));
-    }
-    labels
 }
 
 /// Label sets, each sorted by key (then value) so that the same labels in any order are one

@@ -63,6 +63,8 @@ pub(crate) struct Frame {
     pub first_line: u32,
     /// Line executing in this frame (0 when unknown).
     pub line: u32,
+    /// A native frame's module's GNU build id (hex), when known; `None` for other frames.
+    pub build_id: Option<Arc<str>>,
 }
 
 impl Frame {
@@ -74,6 +76,7 @@ impl Frame {
             file: None,
             first_line: 0,
             line: 0,
+            build_id: None,
         }
     }
 
@@ -267,6 +270,7 @@ mod tests {
             file: Some("a.py".into()),
             first_line: 1,
             line,
+            build_id: None,
         }
     }
 

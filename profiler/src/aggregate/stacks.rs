@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use rustc_hash::FxHashMap;
 
-use super::labels::{process_labels, Label, LabelSetId};
+use super::labels::{Label, LabelSetId};
 use super::{Frame, FrameId, FrameKind, Profile, NO_LABELS};
 use crate::discovery::PythonProcess;
 use crate::resolve::Mixed;
@@ -225,12 +225,17 @@ impl Aggregator {
                     stack.push(self.python_node(sample.pid, frame, &mut last));
                     continue;
                 }
-                Mixed::Native { function, module } => self.profile.intern(Frame {
+                Mixed::Native {
+                    function,
+                    module,
+                    build_id,
+                } => self.profile.intern(Frame {
                     kind: FrameKind::Native,
                     name: function.clone(),
                     file: Some(module.clone()),
                     first_line: 0,
                     line: 0,
+                    build_id: build_id.clone(),
                 }),
                 Mixed::Marker(text) => self
                     .profile
@@ -278,6 +283,7 @@ impl Aggregator {
                 file: Some(code.filename.as_str().into()),
                 first_line: code.firstlineno,
                 line: frame.line,
+                build_id: None,
             }),
             None => self
                 .profile
@@ -301,4 +307,10 @@ fn bounded_insert<V>(cache: &mut FxHashMap<(u32, u32), V>, key: (u32, u32), valu
         cache.clear();
     }
     cache.insert(key, value);
+}
+
+/// What every sample of `process` carries besides pid, tid and thread name (see
+/// [`crate::identity::sample_labels`]).
+fn process_labels(process: &PythonProcess) -> Vec<(&'static str, String)> {
+    crate::identity::sample_labels(&process.command, &process.identity)
 }

@@ -18,7 +18,6 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cli::CheckArgs;
-use crate::elf::ElfCache;
 
 /// How a fact bears on running pyebpf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -154,9 +153,9 @@ pub(crate) fn run(args: CheckArgs) -> Result<i32> {
 /// requested pid is a CPython process pyebpf can profile. Both are usage errors (exit code 2).
 pub(crate) fn preflight(pids: &[u32]) -> Result<()> {
     crate::privileges::check()?;
-    let elves = ElfCache::default();
+    let caches = crate::discovery::Caches::default();
     for &pid in pids {
-        crate::discovery::inspect_requested(pid, &elves)?;
+        crate::discovery::inspect_requested(pid, &caches)?;
     }
     Ok(())
 }

@@ -5,7 +5,6 @@
 use serde::Serialize;
 
 use crate::discovery::{self, DiscoveryError};
-use crate::elf::ElfCache;
 use crate::procfs;
 use crate::python::layout::LayoutSource;
 
@@ -65,7 +64,7 @@ pub(crate) struct Unreadable {
 
 /// Inspects every process on the host (except pyebpf).
 pub(super) fn scan() -> Processes {
-    let elves = ElfCache::default();
+    let caches = discovery::Caches::default();
     let mut found = Processes::default();
     let mut pids = discovery::all_pids();
     pids.sort_unstable();
@@ -85,7 +84,7 @@ pub(super) fn scan() -> Processes {
         if !discovery::mentions_python(&maps) {
             continue;
         }
-        match discovery::inspect(pid, &elves) {
+        match discovery::inspect(pid, &caches) {
             Ok(proc) => found.supported.push(Supported {
                 pid,
                 command: proc.command,

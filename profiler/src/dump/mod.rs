@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::cli::DumpArgs;
-use crate::discovery::{inspect_requested, PythonProcess};
-use crate::elf::ElfCache;
+use crate::discovery::{inspect_requested, Caches, PythonProcess};
 use crate::python::asyncio::AsyncError;
 use crate::symbolize::Symbolizer;
 
@@ -27,13 +26,13 @@ pub(crate) fn run(args: DumpArgs) -> Result<i32> {
         crate::privileges::check()?;
     }
     // Every pid is checked before anything is printed: a typo gets one line and exit 2.
-    let elves = ElfCache::default();
+    let caches = Caches::default();
     let mut procs: Vec<PythonProcess> = Vec::with_capacity(args.pids.len());
     for &pid in &args.pids {
         if procs.iter().any(|p| p.pid == pid) {
             continue;
         }
-        procs.push(inspect_requested(pid, &elves)?);
+        procs.push(inspect_requested(pid, &caches)?);
     }
     let window = Duration::from_millis(args.native_window);
     let sampled = match args.native.options() {

@@ -82,7 +82,9 @@ impl Sink for LastStacks {
                 .iter()
                 .filter_map(|m| match m {
                     crate::resolve::Mixed::Python(i) => python(*i),
-                    crate::resolve::Mixed::Native { function, module } => Some(MixedFrame {
+                    crate::resolve::Mixed::Native {
+                        function, module, ..
+                    } => Some(MixedFrame {
                         kind: "native",
                         function: function.to_string(),
                         file: Some(module.to_string()),

@@ -58,6 +58,8 @@ pub(crate) struct NativeFrame {
     pub module: Arc<str>,
     /// `None` when no symbol covers the address: show `[module+0xoffset]`.
     pub function: Option<Arc<str>>,
+    /// The module's GNU build id (hex), when its file is loaded and has one.
+    pub build_id: Option<Arc<str>>,
     /// The file offset looked up (`ip - 1` for return addresses); the address itself for
     /// code outside any mapping.
     pub offset: u64,
@@ -343,20 +345,20 @@ impl Native {
                 file: None,
                 module: Arc::from("[unknown]"),
                 function: None,
+                build_id: None,
                 offset: lookup,
             };
         };
         let offset = mapping.file_offset(lookup);
-        let (module, function) = match mapping.file {
+        let (module, function, build_id) = match mapping.file {
             Some(key) => {
                 let files = &mut self.files;
                 let function = self.symbols.name(key, offset, || files.get(pid, mapping));
-                let module = files
-                    .cached(key)
-                    .map_or_else(|| mapping.display_name(), |f| f.name.clone());
-                (module, function)
+                let file = files.cached(key);
+                let module = file.map_or_else(|| mapping.display_name(), |f| f.name.clone());
+                (module, function, file.and_then(|f| f.build_id.clone()))
             }
-            None => (mapping.display_name(), None),
+            None => (mapping.display_name(), None, None),
         };
         NativeFrame {
             ip: frame.address,
@@ -365,6 +367,7 @@ impl Native {
             file: mapping.file,
             module,
             function,
+            build_id,
             offset,
         }
     }

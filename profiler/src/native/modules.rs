@@ -171,6 +171,9 @@ pub(crate) struct LoadedFile {
     pub segments: Vec<Segment>,
     /// `None` when blazesym could not open the file: its frames keep `[file+0x…]` names.
     pub symbols: Option<Rc<ElfResolver>>,
+    /// The GNU build id (`.note.gnu.build-id`) in lower-case hex, when the file has one: what
+    /// tells a backend which build a native frame came from (OTLP mappings carry it).
+    pub build_id: Option<Arc<str>>,
     last_use: u64,
 }
 
@@ -326,7 +329,7 @@ fn load(pid: u32, mapping: &Mapping, key: FileKey) -> Result<LoadedFile, LoadErr
             size: meta.len(),
         });
     }
-    let (unwind, segments) = read_elf(&file).map_err(|source| LoadError::Elf {
+    let (unwind, segments, build_id) = read_elf(&file).map_err(|source| LoadError::Elf {
         path: path.clone(),
         source,
     })?;
@@ -346,12 +349,19 @@ fn load(pid: u32, mapping: &Mapping, key: FileKey) -> Result<LoadedFile, LoadErr
         unwind,
         segments,
         symbols,
+        build_id,
         last_use: 0,
     })
 }
 
-/// The unwind sections and load segments of an ELF file, reading only those bytes.
-fn read_elf(file: &File) -> Result<(UnwindSections, Vec<Segment>), object::Error> {
+/// What `read_elf` reads of a file: its unwind sections, load segments and build id.
+type ElfParts = (UnwindSections, Vec<Segment>, Option<Arc<str>>);
+
+/// Bytes of a build id kept: GNU ids are 20 (SHA-1) or 16 (MD5); anything longer is garbage.
+const MAX_BUILD_ID: usize = 64;
+
+/// The unwind sections, load segments and build id of an ELF file, reading only those bytes.
+fn read_elf(file: &File) -> Result<ElfParts, object::Error> {
     let cache = ReadCache::new(file);
     let elf = ElfFile64::<Endianness, _>::parse(&cache)?;
     let segments = elf
@@ -402,7 +412,13 @@ fn read_elf(file: &File) -> Result<(UnwindSections, Vec<Segment>), object::Error
         },
         eh_frame,
     };
-    Ok((unwind, segments))
+    let build_id = elf
+        .build_id()
+        .ok()
+        .flatten()
+        .filter(|id| !id.is_empty() && id.len() <= MAX_BUILD_ID)
+        .map(|id| Arc::from(id.iter().map(|b| format!("{b:02x}")).collect::<String>()));
+    Ok((unwind, segments, build_id))
 }
 
 /// Removes the entry of `map` used longest ago (a linear scan: for bounded caches, when a new

@@ -7,6 +7,7 @@
 pub(crate) mod collapsed;
 pub(crate) mod destination;
 pub(crate) mod flamegraph;
+pub(crate) mod otlp;
 pub(crate) mod pprof;
 pub(crate) mod speedscope;
 
@@ -26,6 +27,9 @@ pub enum Format {
     /// pprof (gzipped protobuf), for `go tool pprof` and profiling backends; processes and
     /// threads are sample labels.
     Pprof,
+    /// OTLP profiles: one binary `ExportProfilesServiceRequest` (protobuf, not compressed;
+    /// proto release v1.10.0), one resource per process, to inspect or replay to a Collector.
+    Otlp,
 }
 
 impl Format {
@@ -36,18 +40,20 @@ impl Format {
             Format::Speedscope => "speedscope.json",
             Format::Collapsed => "txt",
             Format::Pprof => "pb.gz",
+            Format::Otlp => "otlp.pb",
         }
     }
 
     /// Whether the format keeps sample labels (pid, tid, thread name, process), so that the
     /// aggregation must collect them.
     pub fn has_labels(self) -> bool {
-        matches!(self, Format::Pprof)
+        matches!(self, Format::Pprof | Format::Otlp)
     }
 }
 
 /// Writes `profile` in `format` to `out`. `title` names the recording (e.g. "pyebpf record: 3
-/// processes, 12345 samples").
+/// processes, 12345 samples"). `facts` tells OTLP what the samples' labels do not say about
+/// their processes (their executable and Python version).
 ///
 /// A flame graph of a profile without samples is an error (nothing is written); the other
 /// formats write an empty (but valid) file.
@@ -55,6 +61,7 @@ pub(crate) fn write(
     profile: &Profile,
     format: Format,
     title: &str,
+    facts: &dyn Fn(u32) -> Option<otlp::ProcessFacts>,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     match format {
@@ -62,6 +69,7 @@ pub(crate) fn write(
         Format::Speedscope => speedscope::write(profile, title, out),
         Format::Collapsed => collapsed::write(profile, out),
         Format::Pprof => pprof::write(profile, title, out),
+        Format::Otlp => otlp::write(profile, otlp::host_attributes(), facts, out).map(|_| ()),
     }?;
     out.flush()?;
     Ok(())
@@ -85,6 +93,7 @@ pub(crate) mod test_support {
             file: Some(Arc::from(file)),
             first_line: line.saturating_sub(3).max(1),
             line,
+            build_id: None,
         }
     }
 
@@ -186,8 +195,8 @@ mod tests {
         }
         for format in [Format::Flamegraph, Format::Speedscope, Format::Collapsed] {
             let (mut a, mut b) = (Vec::new(), Vec::new());
-            write(&plain, format, "t", &mut a).unwrap();
-            write(&labeled, format, "t", &mut b).unwrap();
+            write(&plain, format, "t", &|_| None, &mut a).unwrap();
+            write(&labeled, format, "t", &|_| None, &mut b).unwrap();
             assert!(a == b, "{format:?} output depends on labels");
         }
     }
@@ -206,7 +215,7 @@ mod tests {
         p.add(&[root, main, leaf, alpha], 5);
         let text = |format| {
             let mut out = Vec::new();
-            write(&p, format, "t", &mut out).unwrap();
+            write(&p, format, "t", &|_| None, &mut out).unwrap();
             out
         };
         let svg = String::from_utf8(text(Format::Flamegraph)).unwrap();
@@ -239,12 +248,18 @@ mod tests {
             Format::Speedscope,
             Format::Collapsed,
             Format::Pprof,
+            Format::Otlp,
         ] {
             let mut out = Vec::new();
-            write(&profile, format, "t", &mut out).unwrap();
+            write(&profile, format, "t", &|_| None, &mut out).unwrap();
             if format == Format::Pprof {
                 // The gzip magic.
                 assert_eq!(out[..2], [0x1f, 0x8b]);
+                continue;
+            }
+            if format == Format::Otlp {
+                // A request: field 1 (resource_profiles) first.
+                assert_eq!(out[0], 0x0a);
                 continue;
             }
             let text = String::from_utf8(out).unwrap();
@@ -252,7 +267,7 @@ mod tests {
                 Format::Flamegraph => assert!(text.contains("<svg")),
                 Format::Speedscope => assert!(text.starts_with('{')),
                 Format::Collapsed => assert!(text.starts_with("main (app.py:1);f (app.py:5) 6\n")),
-                Format::Pprof => unreachable!(),
+                Format::Pprof | Format::Otlp => unreachable!(),
             }
         }
     }

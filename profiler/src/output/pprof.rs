@@ -304,6 +304,7 @@ mod tests {
             file: Some("m.py".into()),
             first_line: first,
             line,
+            build_id: None,
         };
         let a = profile.intern(at(10, 10));
         let b = profile.intern(at(11, 10));

@@ -1,5 +1,6 @@
 //! `pyebpf record`: sample until Ctrl-C, a duration, or the targets' exit, then write a profile.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -9,10 +10,14 @@ use anyhow::{Context, Result};
 use crate::cli::RecordArgs;
 use crate::discovery::PythonProcess;
 use crate::driver::{self, Flow, Options, Scope, Sink, Stop};
+use crate::output::otlp::ProcessFacts;
 use crate::output::{self, destination};
 use crate::session::{Resolved, Session};
 
 mod stats;
+
+/// Processes `-f otlp` keeps facts of.
+const MAX_FACTS: usize = 1 << 16;
 
 use crate::aggregate::stacks::Aggregator;
 use crate::aggregate::Profile;
@@ -40,6 +45,9 @@ pub(crate) fn run(mut args: RecordArgs) -> Result<i32> {
 /// sizes `--stats-json` reports.
 struct Recorder {
     aggregator: Aggregator,
+    /// `-f otlp`: what each process's resource says beyond its samples' labels, kept from
+    /// when it was watched (it may have exited by the end).
+    facts: Option<BTreeMap<u32, ProcessFacts>>,
     maps: Option<MapReport>,
     progress: bool,
     started: Instant,
@@ -54,6 +62,20 @@ impl Sink for Recorder {
 
     fn processes(&mut self, session: &Session, _added: &[u32], _gone: &[u32]) {
         self.aggregator.note_processes(session);
+        if let Some(facts) = self.facts.as_mut() {
+            for p in session.watched() {
+                if facts.len() >= MAX_FACTS && !facts.contains_key(&p.pid) {
+                    break;
+                }
+                facts.entry(p.pid).or_insert_with(|| ProcessFacts {
+                    executable: std::fs::read_link(format!("/proc/{}/exe", p.pid))
+                        .ok()
+                        .and_then(|e| Some(e.file_name()?.to_string_lossy().into_owned()))
+                        .unwrap_or_else(|| p.identity.comm.clone()),
+                    python_version: p.identity.python_version.clone(),
+                });
+            }
+        }
     }
 
     fn period(&self) -> Option<Duration> {
@@ -111,6 +133,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
     aggregator.gil_only = args.gil;
     let mut recorder = Recorder {
         aggregator,
+        facts: (args.format == output::Format::Otlp).then(BTreeMap::new),
         maps: args
             .stats_json
             .is_some()
@@ -126,9 +149,13 @@ async fn record(args: RecordArgs) -> Result<i32> {
         eprintln!();
     }
     let Recorder {
-        aggregator, maps, ..
+        aggregator,
+        maps,
+        facts,
+        ..
     } = recorder;
-    let mut saved = finish(&args, &session, aggregator, ended.elapsed)?;
+    let facts = facts.unwrap_or_default();
+    let mut saved = finish(&args, &session, aggregator, &facts, ended.elapsed)?;
     if let (Some(path), Some(mut maps)) = (&args.stats_json, maps) {
         maps.finish(&session);
         let text = stats_json(&session, ended.elapsed, &maps)?;
@@ -175,6 +202,7 @@ fn finish(
     args: &RecordArgs,
     session: &Session,
     aggregator: Aggregator,
+    facts: &BTreeMap<u32, ProcessFacts>,
     elapsed: Duration,
 ) -> Result<bool> {
     let gil_dropped = aggregator.gil_dropped;
@@ -280,7 +308,14 @@ fn finish(
         .unwrap_or_else(|| default_output(args.format));
     let title = format!("pyebpf record: {summary}");
     let mut bytes = Vec::new();
-    output::write(&profile, args.format, &title, &mut bytes).context("rendering the profile")?;
+    output::write(
+        &profile,
+        args.format,
+        &title,
+        &|pid| facts.get(&pid).cloned(),
+        &mut bytes,
+    )
+    .context("rendering the profile")?;
     let saved = destination::save(&path, &bytes, args.format.extension(), "the profile");
     if let Ok(destination::Saved::AtPath) = saved {
         eprintln!("pyebpf: {summary}; wrote {}", path.display());

@@ -1,182 +1,45 @@
-//! Push to Grafana Pyroscope: a bounded queue of encoded requests, drained by one thread that
-//! retries.
+//! One bounded queue of encoded requests per exporter, drained by one thread that retries.
 //!
-//! The agent cuts a window, someone encodes it as a `PushRequest`, and [`Pusher::push`] takes
-//! the bytes without waiting: the sampling loop must never stall on a slow or dead backend.
-//! One thread (`pyebpf-push`) sends them in order as a Connect unary call, `POST
-//! {base}/push.v1.PusherService/Push` with `Content-Type: application/proto`, through `ureq`: a
-//! blocking client on a thread of its own keeps DNS, TLS and retry sleeps off the agent's
-//! current-thread tokio runtime, and needs no second runtime. A push every few seconds does not
-//! need async I/O.
+//! The agent cuts a window, the exporter encodes it, and [`ExportQueue::push`] takes the bytes
+//! without waiting: the sampling loop must never stall on a slow or dead backend. One thread
+//! per exporter (`pyebpf-export`) sends them in order through a [`Transport`] (HTTP in
+//! production, see `http.rs`): a blocking client on a thread of its own keeps DNS, TLS and
+//! retry sleeps off the agent's current-thread tokio runtime, and needs no second runtime. A
+//! request every few seconds does not need async I/O.
 //!
-//! Failures. Connection errors, timeouts, 5xx, 408 and 429 are retried: the request goes back
-//! to the head of the queue, and the next attempt waits an exponential backoff with jitter
-//! ([`Backoff`]), or what the server asked for in `Retry-After` (capped at
-//! [`MAX_RETRY_AFTER`]). The backoff is the backend's, not the request's: while it is down
-//! nothing is sent, and the first success resets it. A request that failed
-//! [`PushConfig::max_attempts`] times is given up (`failed_exhausted`). Any other status (4xx:
-//! bad auth, wrong tenant, a request the backend refuses) is not retried, since the same bytes
-//! would be refused again (`failed_rejected`); each status is logged once, not once per window.
+//! Failures. Connection errors and timeouts are retried, and so are the statuses the
+//! exporter's [`RetryPolicy`] names: OTLP's 429, 502, 503 and 504, or for Pyroscope (as
+//! before) 408, 429 and every 5xx. The request goes back to the head of the queue, and the
+//! next attempt waits an exponential backoff with jitter ([`Backoff`]), or what the server
+//! asked for in `Retry-After` (capped at [`MAX_RETRY_AFTER`]). The backoff is the backend's,
+//! not the request's: while it is down nothing is sent, and the first success resets it. A
+//! request that failed [`QueueConfig::max_attempts`] times is given up (`failed_exhausted`).
+//! Any other status (4xx: bad auth, wrong tenant, a request the backend refuses) is not
+//! retried, since the same bytes would be refused again (`failed_rejected`); each status is
+//! logged once, not once per window.
 //!
-//! Bounds. The queue holds at most [`PushConfig::max_queued`] requests and
-//! [`PushConfig::max_queued_bytes`] bytes, plus the one being sent. When a new request does not
-//! fit, the **oldest** ones are dropped (`dropped_queue_full`): during an outage the recent
+//! Bounds. The queue holds at most [`QueueConfig::max_queued`] requests and
+//! [`QueueConfig::max_queued_bytes`] bytes, plus the one being sent. When a new request does
+//! not fit, the **oldest** ones are dropped (`dropped_queue_full`): during an outage the recent
 //! windows are the ones worth having when the backend comes back (and the oldest are the first
 //! a backend refuses as too old), and the queue becomes a sliding window over the last minutes.
-//! A request larger than the byte cap is dropped at once (`dropped_too_large`). A response is
-//! read up to [`MAX_RESPONSE_BODY`] bytes, headers up to ureq's 64 KiB; nothing a server says
-//! can make this module panic or grow.
+//! A request larger than the byte cap is dropped at once (`dropped_too_large`). Nothing a
+//! server says can make this module panic or grow.
 //!
-//! Shutdown. [`Pusher::flush`] (SIGTERM) keeps sending until the queue is empty or the deadline
-//! passes, and returns what was left; a backoff of our own is cut short for it (it is the last
-//! chance), a server's `Retry-After` is not.
+//! Shutdown. [`ExportQueue::flush`] (SIGTERM) keeps sending until the queue is empty or the
+//! deadline passes, and returns what was left; a backoff of our own is cut short for it (it is
+//! the last chance), a server's `Retry-After` is not.
 
 use std::collections::{BTreeSet, VecDeque};
-use std::io::Read;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use base64::Engine;
-
-/// The Connect unary route of Pyroscope's `push.v1.PusherService.Push`.
-pub(crate) const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 /// The longest `Retry-After` honoured; a longer one (or a date years ahead) is cut to this.
 pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
-/// Bytes of a response body read: enough for a Connect error's JSON message.
-pub(crate) const MAX_RESPONSE_BODY: u64 = 4096;
+/// The key of partial successes in `State::logged_statuses` (no HTTP status is 1).
+const PARTIAL: u16 = 1;
 /// Bytes of an error text kept for logs and `/metrics`.
-const MAX_ERROR_TEXT: usize = 512;
-
-// ---------------------------------------------------------------------------------------------
-// Where to push
-
-/// A `--pyroscope` URL, credentials or tenant the agent cannot use: bad usage, exit 2.
-#[derive(Debug, thiserror::Error)]
-pub enum TargetError {
-    #[error("--pyroscope {url:?}: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error("basic auth must be USER:PASSWORD")]
-    BadAuth,
-    #[error("tenant {0:?}: not a valid X-Scope-OrgID header value")]
-    BadTenant(String),
-}
-
-impl From<TargetError> for crate::UsageError {
-    fn from(err: TargetError) -> Self {
-        crate::UsageError(err.to_string())
-    }
-}
-
-/// Where and as whom to push.
-#[derive(Clone)]
-pub struct PushTarget {
-    endpoint: String,
-    /// `Basic …`, ready for the `Authorization` header.
-    authorization: Option<String>,
-    tenant: Option<String>,
-}
-
-impl std::fmt::Debug for PushTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PushTarget")
-            .field("endpoint", &self.endpoint)
-            .field(
-                "authorization",
-                &self.authorization.as_ref().map(|_| "<redacted>"),
-            )
-            .field("tenant", &self.tenant)
-            .finish()
-    }
-}
-
-impl PushTarget {
-    /// `url` is Pyroscope's base URL (`http://pyroscope:4040`, `https://host/prefix`), or the
-    /// full push URL. Basic auth comes from `basic_auth` (`USER:PASSWORD`) or else from the URL's
-    /// userinfo (`https://USER:PASSWORD@host`, percent-encoded), which is never sent in the URL.
-    /// `tenant` becomes `X-Scope-OrgID` for a multi-tenant Pyroscope.
-    pub fn new(
-        url: &str,
-        basic_auth: Option<&str>,
-        tenant: Option<&str>,
-    ) -> Result<PushTarget, TargetError> {
-        let bad = |reason: &str| TargetError::BadUrl {
-            url: redact_userinfo(url),
-            reason: reason.into(),
-        };
-        let uri: ureq::http::Uri = url
-            .parse()
-            .map_err(|e: ureq::http::uri::InvalidUri| bad(&e.to_string()))?;
-        let scheme = match uri.scheme_str() {
-            Some(s @ ("http" | "https")) => s,
-            _ => return Err(bad("the scheme must be http:// or https://")),
-        };
-        let authority = uri.authority().ok_or_else(|| bad("no host"))?.as_str();
-        let (userinfo, host) = match authority.rsplit_once('@') {
-            Some((userinfo, host)) => (Some(userinfo), host),
-            None => (None, authority),
-        };
-        if host.is_empty() {
-            return Err(bad("no host"));
-        }
-        if uri.query().is_some() {
-            return Err(bad("a query string has no place in the push URL"));
-        }
-        let path = uri.path().trim_end_matches('/');
-        let path = path.strip_suffix(PUSH_PATH).unwrap_or(path);
-        let endpoint = format!("{scheme}://{host}{path}{PUSH_PATH}");
-
-        let credentials = match (basic_auth, userinfo) {
-            (Some(auth), _) => {
-                let (user, password) = auth.split_once(':').ok_or(TargetError::BadAuth)?;
-                Some((user.to_string(), password.to_string()))
-            }
-            (None, Some(userinfo)) => {
-                let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-                let decode = |s: &str| {
-                    percent_encoding::percent_decode_str(s)
-                        .decode_utf8()
-                        .map(|s| s.into_owned())
-                        .map_err(|_| bad("the user info is not UTF-8 once percent-decoded"))
-                };
-                Some((decode(user)?, decode(password)?))
-            }
-            (None, None) => None,
-        };
-        let authorization = credentials.map(|(user, password)| {
-            let token =
-                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-            format!("Basic {token}")
-        });
-        let tenant = match tenant {
-            Some(t) if t.is_empty() || ureq::http::HeaderValue::from_str(t).is_err() => {
-                return Err(TargetError::BadTenant(t.to_string()));
-            }
-            t => t.map(str::to_string),
-        };
-        Ok(PushTarget {
-            endpoint,
-            authorization,
-            tenant,
-        })
-    }
-
-    /// The URL requests go to (no credentials in it).
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
-}
-
-/// `url` with any userinfo replaced, for messages.
-fn redact_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_string(),
-    }
-}
+pub(crate) const MAX_ERROR_TEXT: usize = 512;
 
 // ---------------------------------------------------------------------------------------------
 // Policy
@@ -213,9 +76,9 @@ impl Backoff {
     }
 }
 
-/// Queue bounds, retries and timeouts of a [`Pusher`].
+/// Queue bounds, retries and timeouts of a [`ExportQueue`].
 #[derive(Clone, Debug)]
-pub struct PushConfig {
+pub struct QueueConfig {
     /// Per request, connecting and reading the answer included.
     pub timeout: Duration,
     /// Requests waiting, at most.
@@ -227,11 +90,11 @@ pub struct PushConfig {
     pub backoff: Backoff,
 }
 
-impl Default for PushConfig {
+impl Default for QueueConfig {
     /// A window every 15 s makes a few requests of tens of KiB: 32 MiB holds many minutes of
     /// an outage for a busy host, and 5 attempts with the default backoff span about a minute.
     fn default() -> Self {
-        PushConfig {
+        QueueConfig {
             timeout: Duration::from_secs(10),
             max_queued: 1024,
             max_queued_bytes: 32 << 20,
@@ -258,97 +121,68 @@ pub(crate) enum Cause {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Sent,
+    /// Accepted, but the backend says it kept only part of it (OTLP's `partial_success`):
+    /// counted as sent, and in `partial`.
+    Partial {
+        /// Items the backend says it rejected (OTLP: profiles); 0 when it only warns.
+        rejected: u64,
+        error: String,
+    },
     Retry {
         cause: Cause,
         /// What `Retry-After` asked for.
         after: Option<Duration>,
         error: String,
     },
-    /// Not worth another attempt: a 4xx, or a request ureq cannot make. `status` 0 when no
-    /// response came.
+    /// Not worth another attempt: a 4xx, or a request the client cannot make. `status` 0 when
+    /// no response came.
     Reject {
         status: u16,
         error: String,
     },
 }
 
-/// The outcome of a response with `status`.
-pub(crate) fn classify(status: u16, retry_after: Option<Duration>, error: String) -> Outcome {
-    match status {
-        200..=299 => Outcome::Sent,
-        408 => Outcome::Retry {
-            cause: Cause::Timeout,
-            after: retry_after,
-            error,
-        },
-        429 => Outcome::Retry {
-            cause: Cause::Throttled,
-            after: retry_after,
-            error,
-        },
-        500..=599 => Outcome::Retry {
-            cause: Cause::Server,
-            after: retry_after,
-            error,
-        },
-        _ => Outcome::Reject { status, error },
+/// Which statuses are worth another attempt; every other non-2xx is a rejection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RetryPolicy {
+    /// 408, 429 and every 5xx: what the Pyroscope push has always retried.
+    Broad,
+    /// 429, 502, 503 and 504, as the OTLP/HTTP specification lists them.
+    Otlp,
+}
+
+impl RetryPolicy {
+    fn retries(self, status: u16) -> bool {
+        match self {
+            RetryPolicy::Broad => matches!(status, 408 | 429 | 500..=599),
+            RetryPolicy::Otlp => matches!(status, 429 | 502 | 503 | 504),
+        }
     }
 }
 
-/// A `Retry-After` value: delay-seconds or an HTTP-date (RFC 9110 §10.2.3). A date in the past
-/// means now; anything else is `None` and the backoff decides.
-pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        // More digits than a u64 holds is still "a long time".
-        return Some(
-            value
-                .parse::<u64>()
-                .map(Duration::from_secs)
-                .unwrap_or(MAX_RETRY_AFTER),
-        );
+/// The outcome of a response with `status` under `policy`.
+pub(crate) fn classify(
+    policy: RetryPolicy,
+    status: u16,
+    retry_after: Option<Duration>,
+    error: String,
+) -> Outcome {
+    if (200..=299).contains(&status) {
+        return Outcome::Sent;
     }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// A failed response, for logs: a Connect error's `code: message`, else the start of the body.
-fn describe_response(status: u16, body: &[u8]) -> String {
-    #[derive(serde::Deserialize)]
-    struct ConnectError {
-        code: Option<String>,
-        message: Option<String>,
+    if !policy.retries(status) {
+        return Outcome::Reject { status, error };
     }
-    let detail = match serde_json::from_slice::<ConnectError>(body) {
-        Ok(ConnectError { code, message }) => [code, message]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(": "),
-        Err(_) => String::from_utf8_lossy(body).into_owned(),
+    let cause = match status {
+        408 => Cause::Timeout,
+        429 => Cause::Throttled,
+        _ => Cause::Server,
     };
-    // One line for the log: newlines, NULs and runs of blanks become one space.
-    let detail = detail
-        .split(|c: char| c.is_whitespace() || c.is_control())
-        .filter(|w| !w.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ");
-    if detail.is_empty() {
-        format!("HTTP {status}")
-    } else {
-        cap(&format!("HTTP {status}: {detail}"))
+    Outcome::Retry {
+        cause,
+        after: retry_after,
+        error,
     }
-}
-
-fn cap(s: &str) -> String {
-    if s.len() <= MAX_ERROR_TEXT {
-        return s.to_string();
-    }
-    let mut end = MAX_ERROR_TEXT;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,10 +265,14 @@ pub struct AttemptErrors {
 
 /// What the pusher did, for `/metrics`. Counters only grow; `queued*` and `in_flight` are now.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PushStats {
+pub struct ExportStats {
     /// Requests the backend accepted, and their bytes.
     pub ok: u64,
     pub ok_bytes: u64,
+    /// Requests the backend accepted only in part (OTLP's `partial_success`; also in `ok`),
+    /// and the items it said it rejected.
+    pub partial: u64,
+    pub partial_rejected: u64,
     /// Requests refused with a status that retrying cannot change (4xx other than 408/429).
     pub failed_rejected: u64,
     /// Requests given up after `max_attempts` retryable failures.
@@ -456,7 +294,7 @@ pub struct PushStats {
     pub last_error_unix_seconds: Option<u64>,
 }
 
-impl PushStats {
+impl ExportStats {
     /// `failed_total{reason=…}`.
     pub fn failed(&self) -> [(&'static str, u64); 2] {
         [
@@ -474,14 +312,14 @@ impl PushStats {
     }
 }
 
-/// What a [`Pusher::flush`] could not send before its deadline.
+/// What a [`ExportQueue::flush`] could not send before its deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Leftover {
     pub requests: usize,
     pub bytes: usize,
 }
 
-/// What [`Pusher::push`] did with a request.
+/// What [`ExportQueue::push`] did with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Queued {
     /// Queued; `evicted` older requests were dropped to make room.
@@ -503,7 +341,7 @@ struct State {
     queue: Queue,
     /// Bytes of the request being sent.
     in_flight: Option<usize>,
-    stats: PushStats,
+    stats: ExportStats,
     /// Consecutive failed attempts: the backend's, for the backoff.
     failures: u32,
     /// No attempt before this.
@@ -522,7 +360,7 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when a request is queued, an attempt ends, a flush starts or ends, shutdown.
     changed: Condvar,
-    config: PushConfig,
+    config: QueueConfig,
 }
 
 impl Shared {
@@ -534,28 +372,24 @@ impl Shared {
 
 /// A bounded, retrying push queue with its sending thread. Dropping it stops the thread after
 /// its current attempt, without waiting for it.
-pub struct Pusher {
+pub struct ExportQueue {
     shared: Arc<Shared>,
     endpoint: String,
 }
 
-impl Pusher {
-    /// Starts the sending thread for `target`.
-    pub fn new(target: PushTarget, config: PushConfig) -> std::io::Result<Pusher> {
-        Pusher::with_transport(HttpTransport::new(target, &config), config)
-    }
-
-    pub(crate) fn with_transport(
+impl ExportQueue {
+    /// Starts the sending thread, which sends through `transport`.
+    pub(crate) fn start(
         transport: impl Transport,
-        mut config: PushConfig,
-    ) -> std::io::Result<Pusher> {
+        mut config: QueueConfig,
+    ) -> std::io::Result<ExportQueue> {
         config.max_attempts = config.max_attempts.max(1);
         let endpoint = transport.endpoint().to_string();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: Queue::new(config.max_queued, config.max_queued_bytes),
                 in_flight: None,
-                stats: PushStats::default(),
+                stats: ExportStats::default(),
                 failures: 0,
                 retry_at: None,
                 retry_at_from_server: false,
@@ -569,9 +403,9 @@ impl Pusher {
         });
         let worker = Arc::clone(&shared);
         std::thread::Builder::new()
-            .name("pyebpf-push".into())
+            .name("pyebpf-export".into())
             .spawn(move || run(&worker, transport))?;
-        Ok(Pusher { shared, endpoint })
+        Ok(ExportQueue { shared, endpoint })
     }
 
     /// Queues an encoded request; never blocks on the network. `summary` says what it holds,
@@ -583,7 +417,7 @@ impl Pusher {
             state.stats.dropped_too_large += 1;
             state.stats.dropped_bytes += len as u64;
             log::warn!(
-                "push to {}: dropped {} ({len} bytes): larger than the whole queue ({} bytes)",
+                "export to {}: dropped {} ({len} bytes): larger than the whole queue ({} bytes)",
                 self.endpoint,
                 summary.into(),
                 self.shared.config.max_queued_bytes
@@ -603,7 +437,7 @@ impl Pusher {
     }
 
     /// The counters now.
-    pub fn stats(&self) -> PushStats {
+    pub fn stats(&self) -> ExportStats {
         let state = self.shared.lock();
         let mut stats = state.stats.clone();
         stats.queued = state.queue.items.len();
@@ -613,7 +447,7 @@ impl Pusher {
     }
 
     /// Where requests go.
-    pub fn endpoint(&self) -> &str {
+    pub(crate) fn endpoint(&self) -> &str {
         &self.endpoint
     }
 
@@ -651,7 +485,7 @@ impl Pusher {
     }
 }
 
-impl Drop for Pusher {
+impl Drop for ExportQueue {
     fn drop(&mut self) {
         self.shared.lock().shutdown = true;
         self.shared.changed.notify_all();
@@ -667,7 +501,7 @@ fn note_evicted(state: &mut State, evicted: Evicted, endpoint: &str) {
     if !state.overflowing {
         state.overflowing = true;
         log::warn!(
-            "push to {endpoint}: queue full, dropping the oldest requests (counted in \
+            "export to {endpoint}: queue full, dropping the oldest requests (counted in \
              dropped_queue_full) until the backend keeps up"
         );
     }
@@ -741,7 +575,7 @@ fn settle(
     state: &mut State,
     item: Item,
     outcome: Outcome,
-    config: &PushConfig,
+    config: &QueueConfig,
     rng: &mut fastrand::Rng,
     endpoint: &str,
 ) {
@@ -752,7 +586,7 @@ fn settle(
             stats.ok_bytes += item.body.len() as u64;
             if state.failures > 0 {
                 log::info!(
-                    "push to {endpoint} works again after {} failed attempts",
+                    "export to {endpoint} works again after {} failed attempts",
                     state.failures
                 );
             }
@@ -761,6 +595,19 @@ fn settle(
             state.retry_at = None;
             state.retry_at_from_server = false;
             state.overflowing = false;
+        }
+        Outcome::Partial { rejected, error } => {
+            stats.partial += 1;
+            stats.partial_rejected += rejected;
+            record_error(stats, &error);
+            if state.logged_statuses.insert(PARTIAL) {
+                log::warn!(
+                    "export to {endpoint}: the backend kept only part of {}: {error} (logged \
+                     once; counted in export_partial_success_total)",
+                    item.summary
+                );
+            }
+            settle(state, item, Outcome::Sent, config, rng, endpoint);
         }
         Outcome::Retry {
             cause,
@@ -784,18 +631,18 @@ fn settle(
             state.retry_at_from_server = after.is_some();
             if state.failures == 1 {
                 log::warn!(
-                    "push to {endpoint} failed: {error}; retrying with backoff (queue bounded \
+                    "export to {endpoint} failed: {error}; retrying with backoff (queue bounded \
                      to {} requests, {} bytes)",
                     config.max_queued,
                     config.max_queued_bytes
                 );
             } else {
-                log::debug!("push to {endpoint} failed again: {error}; next try in {delay:?}");
+                log::debug!("export to {endpoint} failed again: {error}; next try in {delay:?}");
             }
             if item.attempts >= config.max_attempts {
                 stats.failed_exhausted += 1;
                 log::warn!(
-                    "push to {endpoint}: gave up on {} after {} attempts: {error}",
+                    "export to {endpoint}: gave up on {} after {} attempts: {error}",
                     item.summary,
                     item.attempts
                 );
@@ -814,7 +661,7 @@ fn settle(
             state.retry_at_from_server = false;
             if state.logged_statuses.insert(status) {
                 log::warn!(
-                    "push to {endpoint} refused {}: {error}; not retried (each status is \
+                    "export to {endpoint} refused {}: {error}; not retried (each status is \
                      logged once, all are counted in failed_rejected)",
                     item.summary
                 );
@@ -823,7 +670,7 @@ fn settle(
     }
 }
 
-fn record_error(stats: &mut PushStats, error: &str) {
+fn record_error(stats: &mut ExportStats, error: &str) {
     stats.last_error = Some(cap(error));
     stats.last_error_unix_seconds = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -831,92 +678,15 @@ fn record_error(stats: &mut PushStats, error: &str) {
         .map(|d| d.as_secs());
 }
 
-// ---------------------------------------------------------------------------------------------
-// HTTP
-
-struct HttpTransport {
-    agent: ureq::Agent,
-    target: PushTarget,
-}
-
-impl HttpTransport {
-    fn new(target: PushTarget, config: &PushConfig) -> HttpTransport {
-        let agent = ureq::Agent::config_builder()
-            // Statuses are outcomes here, not errors.
-            .http_status_as_error(false)
-            // A push API does not redirect; following one could send credentials elsewhere.
-            .max_redirects(0)
-            .timeout_global(Some(config.timeout))
-            .user_agent(concat!("pyebpf/", env!("CARGO_PKG_VERSION")))
-            // One backend, one request at a time.
-            .max_idle_connections(1)
-            .max_idle_connections_per_host(1)
-            .build()
-            .into();
-        HttpTransport { agent, target }
+pub(crate) fn cap(s: &str) -> String {
+    if s.len() <= MAX_ERROR_TEXT {
+        return s.to_string();
     }
-}
-
-impl Transport for HttpTransport {
-    fn endpoint(&self) -> &str {
-        &self.target.endpoint
+    let mut end = MAX_ERROR_TEXT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
     }
-
-    fn send(&mut self, body: &[u8], timeout: Duration) -> Outcome {
-        let mut request = self
-            .agent
-            .post(&self.target.endpoint)
-            .header("Content-Type", "application/proto")
-            .header("Connect-Protocol-Version", "1");
-        if let Some(auth) = &self.target.authorization {
-            request = request.header("Authorization", auth);
-        }
-        if let Some(tenant) = &self.target.tenant {
-            request = request.header("X-Scope-OrgID", tenant);
-        }
-        let result = request
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .send(body);
-        let mut response = match result {
-            Ok(response) => response,
-            Err(err) => return transport_error(&err),
-        };
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, SystemTime::now()));
-        let mut text = Vec::new();
-        // Read what a message needs; the connection is dropped rather than drained past it.
-        let _ = response
-            .body_mut()
-            .as_reader()
-            .take(MAX_RESPONSE_BODY)
-            .read_to_end(&mut text);
-        classify(status, retry_after, describe_response(status, &text))
-    }
-}
-
-fn transport_error(err: &ureq::Error) -> Outcome {
-    let error = cap(&err.to_string());
-    let cause = match err {
-        ureq::Error::Timeout(_) => Cause::Timeout,
-        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => Cause::Timeout,
-        // A request that cannot be made will not be made by trying again.
-        ureq::Error::BadUri(_)
-        | ureq::Error::Http(_)
-        | ureq::Error::InvalidProxyUrl
-        | ureq::Error::RequireHttpsOnly(_) => return Outcome::Reject { status: 0, error },
-        _ => Cause::Connect,
-    };
-    Outcome::Retry {
-        cause,
-        after: None,
-        error,
-    }
+    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]
@@ -1028,8 +798,8 @@ mod tests {
     #[test]
     fn statuses() {
         let e = || String::from("x");
-        assert_eq!(classify(200, None, e()), Outcome::Sent);
-        assert_eq!(classify(204, None, e()), Outcome::Sent);
+        assert_eq!(classify(RetryPolicy::Broad, 200, None, e()), Outcome::Sent);
+        assert_eq!(classify(RetryPolicy::Broad, 204, None, e()), Outcome::Sent);
         for (status, cause) in [
             (500, Cause::Server),
             (502, Cause::Server),
@@ -1038,120 +808,19 @@ mod tests {
             (408, Cause::Timeout),
         ] {
             assert!(
-                matches!(classify(status, None, e()), Outcome::Retry { cause: c, .. } if c == cause),
+                matches!(classify(RetryPolicy::Broad, status, None, e()), Outcome::Retry { cause: c, .. } if c == cause),
                 "{status}"
             );
         }
         for status in [100, 301, 400, 401, 403, 404, 413, 999] {
             assert!(
-                matches!(classify(status, None, e()), Outcome::Reject { .. }),
+                matches!(
+                    classify(RetryPolicy::Broad, status, None, e()),
+                    Outcome::Reject { .. }
+                ),
                 "{status}"
             );
         }
-    }
-
-    #[test]
-    fn retry_after_values() {
-        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
-        assert_eq!(
-            parse_retry_after("120", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
-        assert_eq!(
-            parse_retry_after("Sun, 06 Nov 1994 08:50:07 GMT", now),
-            Some(Duration::from_secs(30))
-        );
-        assert_eq!(
-            parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(
-            parse_retry_after("99999999999999999999999999", now),
-            Some(MAX_RETRY_AFTER)
-        );
-        for junk in ["", "-1", "1.5", "soon", "\u{0}"] {
-            assert_eq!(parse_retry_after(junk, now), None, "{junk:?}");
-        }
-    }
-
-    #[test]
-    fn responses_are_described_briefly() {
-        assert_eq!(
-            describe_response(
-                400,
-                br#"{"code":"invalid_argument","message":"no service_name"}"#
-            ),
-            "HTTP 400: invalid_argument: no service_name"
-        );
-        assert_eq!(describe_response(503, b""), "HTTP 503");
-        assert_eq!(
-            describe_response(502, b"bad\ngateway\x00"),
-            "HTTP 502: bad gateway"
-        );
-        let long = describe_response(500, &[b'x'; 4096]);
-        assert!(long.len() <= MAX_ERROR_TEXT + 4);
-        let _ = describe_response(500, &[0xff; 100]);
-    }
-
-    #[test]
-    fn targets() {
-        let t = PushTarget::new("http://pyroscope:4040", None, None).unwrap();
-        assert_eq!(
-            t.endpoint(),
-            "http://pyroscope:4040/push.v1.PusherService/Push"
-        );
-        assert!(t.authorization.is_none() && t.tenant.is_none());
-
-        let t = PushTarget::new("https://host/prefix/", Some("u:p:w"), Some("team-a")).unwrap();
-        assert_eq!(
-            t.endpoint(),
-            "https://host/prefix/push.v1.PusherService/Push"
-        );
-        // base64("u:p:w")
-        assert_eq!(t.authorization.as_deref(), Some("Basic dTpwOnc="));
-        assert_eq!(t.tenant.as_deref(), Some("team-a"));
-
-        let t = PushTarget::new(
-            "http://user:p%40ss@h:1/push.v1.PusherService/Push",
-            None,
-            None,
-        )
-        .unwrap();
-        assert_eq!(t.endpoint(), "http://h:1/push.v1.PusherService/Push");
-        // base64("user:p@ss")
-        assert_eq!(t.authorization.as_deref(), Some("Basic dXNlcjpwQHNz"));
-        assert!(!format!("{t:?}").contains("dXNlcjpwQHNz"));
-
-        // The flag wins over the URL.
-        let t = PushTarget::new("http://a:b@h", Some("c:d"), None).unwrap();
-        // base64("c:d")
-        assert_eq!(t.authorization.as_deref(), Some("Basic Yzpk"));
-
-        for bad in [
-            "pyroscope:4040",
-            "ftp://h",
-            "http://",
-            "http://h/?x=1",
-            "",
-            "http://a b",
-        ] {
-            assert!(PushTarget::new(bad, None, None).is_err(), "{bad}");
-        }
-        let err = PushTarget::new("ftp://me:secret@h", None, None).unwrap_err();
-        assert!(!err.to_string().contains("secret"), "{err}");
-        assert!(matches!(
-            PushTarget::new("http://h", Some("nocolon"), None),
-            Err(TargetError::BadAuth)
-        ));
-        assert!(matches!(
-            PushTarget::new("http://h", None, Some("a\nb")),
-            Err(TargetError::BadTenant(_))
-        ));
-        assert!(matches!(
-            PushTarget::new("http://h", None, Some("")),
-            Err(TargetError::BadTenant(_))
-        ));
     }
 
     /// Bodies a [`Scripted`] transport was given, and when.
@@ -1204,7 +873,7 @@ mod tests {
     }
 
     fn unavailable() -> Outcome {
-        classify(503, None, "HTTP 503".into())
+        classify(RetryPolicy::Broad, 503, None, "HTTP 503".into())
     }
 
     fn refused() -> Outcome {
@@ -1215,8 +884,8 @@ mod tests {
         }
     }
 
-    fn fast() -> PushConfig {
-        PushConfig {
+    fn fast() -> QueueConfig {
+        QueueConfig {
             timeout: Duration::from_secs(1),
             max_queued: 4,
             max_queued_bytes: 1000,
@@ -1228,16 +897,57 @@ mod tests {
         }
     }
 
-    fn settled(pusher: &Pusher) -> PushStats {
+    fn settled(pusher: &ExportQueue) -> ExportStats {
         let left = pusher.flush(Instant::now() + Duration::from_secs(10));
         assert_eq!(left, Leftover::default());
         pusher.stats()
     }
 
     #[test]
+    fn otlp_retries_only_what_its_specification_lists() {
+        let e = || String::from("x");
+        for status in [429, 502, 503, 504] {
+            assert!(
+                matches!(
+                    classify(RetryPolicy::Otlp, status, None, e()),
+                    Outcome::Retry { .. }
+                ),
+                "{status}"
+            );
+        }
+        for status in [400, 401, 404, 408, 413, 500, 501, 505] {
+            assert!(
+                matches!(
+                    classify(RetryPolicy::Otlp, status, None, e()),
+                    Outcome::Reject { .. }
+                ),
+                "{status}"
+            );
+        }
+        assert_eq!(classify(RetryPolicy::Otlp, 200, None, e()), Outcome::Sent);
+    }
+
+    #[test]
+    fn a_partial_success_is_sent_and_counted() {
+        let t = Scripted::new([Outcome::Partial {
+            rejected: 2,
+            error: "2 profiles had no samples".into(),
+        }]);
+        let queue = ExportQueue::start(t.clone(), fast()).unwrap();
+        queue.push(b"x".to_vec(), "x");
+        let stats = settled(&queue);
+        assert_eq!((stats.ok, stats.partial, stats.partial_rejected), (1, 1, 2));
+        assert_eq!(stats.retried, 0);
+        assert_eq!(
+            stats.last_error.as_deref(),
+            Some("2 profiles had no samples")
+        );
+    }
+
+    #[test]
     fn retries_until_it_is_sent() {
         let t = Scripted::new([unavailable(), refused(), unavailable()]);
-        let pusher = Pusher::with_transport(t.clone(), fast()).unwrap();
+        let pusher = ExportQueue::start(t.clone(), fast()).unwrap();
         pusher.push(b"one".to_vec(), "one");
         let stats = settled(&pusher);
         assert_eq!(t.sent(), vec![b"one".to_vec(); 4]);
@@ -1258,7 +968,7 @@ mod tests {
     #[test]
     fn gives_up_after_max_attempts_and_goes_on() {
         let t = Scripted::new(std::iter::repeat_n(unavailable(), 5));
-        let pusher = Pusher::with_transport(t.clone(), fast()).unwrap();
+        let pusher = ExportQueue::start(t.clone(), fast()).unwrap();
         pusher.push(b"doomed".to_vec(), "doomed");
         pusher.push(b"next".to_vec(), "next");
         let stats = settled(&pusher);
@@ -1269,11 +979,11 @@ mod tests {
     #[test]
     fn rejections_are_not_retried() {
         let t = Scripted::new([
-            classify(400, None, "HTTP 400: bad".into()),
-            classify(400, None, "HTTP 400: bad".into()),
-            classify(401, None, "HTTP 401".into()),
+            classify(RetryPolicy::Broad, 400, None, "HTTP 400: bad".into()),
+            classify(RetryPolicy::Broad, 400, None, "HTTP 400: bad".into()),
+            classify(RetryPolicy::Broad, 401, None, "HTTP 401".into()),
         ]);
-        let pusher = Pusher::with_transport(t.clone(), fast()).unwrap();
+        let pusher = ExportQueue::start(t.clone(), fast()).unwrap();
         for i in 0..4u8 {
             pusher.push(vec![i], format!("#{i}"));
         }
@@ -1286,8 +996,13 @@ mod tests {
     #[test]
     fn retry_after_is_honoured() {
         let wait = Duration::from_millis(300);
-        let t = Scripted::new([classify(429, Some(wait), "HTTP 429".into())]);
-        let pusher = Pusher::with_transport(t.clone(), fast()).unwrap();
+        let t = Scripted::new([classify(
+            RetryPolicy::Broad,
+            429,
+            Some(wait),
+            "HTTP 429".into(),
+        )]);
+        let pusher = ExportQueue::start(t.clone(), fast()).unwrap();
         pusher.push(b"x".to_vec(), "x");
         let stats = settled(&pusher);
         assert_eq!((stats.attempt_errors.throttled, stats.ok), (1, 1));
@@ -1300,7 +1015,7 @@ mod tests {
         let t = Scripted::new(std::iter::repeat_n(refused(), 1000));
         let mut config = fast();
         config.max_attempts = 1000;
-        let pusher = Pusher::with_transport(t.clone(), config).unwrap();
+        let pusher = ExportQueue::start(t.clone(), config).unwrap();
         for i in 0..20u8 {
             pusher.push(vec![i; 100], format!("#{i}"));
         }
@@ -1324,7 +1039,7 @@ mod tests {
     fn flush_sends_what_is_queued() {
         let mut t = Scripted::new([]);
         t.delay = Duration::from_millis(20);
-        let pusher = Pusher::with_transport(t.clone(), fast()).unwrap();
+        let pusher = ExportQueue::start(t.clone(), fast()).unwrap();
         for i in 0..4u8 {
             pusher.push(vec![i], "x");
         }
@@ -1349,7 +1064,7 @@ mod tests {
             initial: Duration::from_secs(600),
             max: Duration::from_secs(600),
         };
-        let pusher = Pusher::with_transport(t.clone(), config).unwrap();
+        let pusher = ExportQueue::start(t.clone(), config).unwrap();
         pusher.push(b"last".to_vec(), "last");
         while pusher.stats().retried == 0 {
             std::thread::sleep(Duration::from_millis(5));
@@ -1365,7 +1080,7 @@ mod tests {
     #[test]
     fn dropping_the_pusher_stops_its_thread() {
         let t = Scripted::new([]);
-        let pusher = Pusher::with_transport(t.clone(), fast()).unwrap();
+        let pusher = ExportQueue::start(t.clone(), fast()).unwrap();
         let shared = Arc::clone(&pusher.shared);
         drop(pusher);
         // The thread lets go of the shared state when it ends.
