@@ -695,7 +695,9 @@ fn otlp_and_pyroscope_at_once_through_503s() {
 
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let executable = std::fs::read_link(format!("/proc/{}/exe", chain.pid())).unwrap();
-    let version = format!("{}.{}", interp.version.0, interp.version.1);
+    // The agent's `python_version`, `3.13t` for a free-threaded build.
+    let t = if interp.free_threaded { "t" } else { "" };
+    let version = format!("{}.{}{t}", interp.version.0, interp.version.1);
     let mut otlp_windows = Vec::new();
     let mut exact = 0;
     let mut total = 0;
