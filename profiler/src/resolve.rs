@@ -65,7 +65,8 @@ pub(crate) struct Resolved<'a> {
     pub truncated: bool,
     /// A read failed mid-walk; `frames` are its top part.
     pub partial: bool,
-    /// The thread held the GIL (kernel samples of layouts that locate it, with `--gil`).
+    /// The thread held the GIL (kernel samples of layouts that locate it, with `--gil`), or
+    /// ran in a free-threaded build, which has none to wait for.
     pub holds_gil: bool,
     /// An off-CPU stack from the thread list (`--idle`), not a kernel sample.
     pub idle: bool,
@@ -163,7 +164,8 @@ impl Resolver {
             mixed: mixed.then_some(&self.mixed[..]),
             truncated,
             partial: header.flags & SAMPLE_READ_ERROR != 0,
-            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0,
+            // A free-threaded build has no GIL: every running thread runs as its holder would.
+            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0 || process.layout.free_threaded,
             idle: false,
             task_name: self.task_name.take(),
             weight: 1,
@@ -457,7 +459,7 @@ impl Resolver {
             };
             let line = code
                 .as_ref()
-                .map(|c| c.line_at_instr(layout, rec.code, rec.instr))
+                .map(|c| self.symbols.line(pid, layout, rec.code, c, rec.instr))
                 .unwrap_or(0);
             if code.is_none() {
                 self.stats.unknown_frames += 1;

@@ -77,17 +77,25 @@ impl Aggregator {
     }
 
     /// Remembers the labels of newly watched processes; with `--gil`, names the ones whose
-    /// build does not expose its GIL (once each).
+    /// build has no GIL (every sample kept) or does not expose it (every sample left out),
+    /// once each.
     pub(crate) fn note_processes(&mut self, session: &Session) {
         for p in session.watched() {
-            if self.gil_only && !Session::gil_known(p) && self.gil_warned.insert(p.pid) {
-                eprintln!(
-                    "pyebpf: warning: pid {} ({}, CPython {}{}) does not expose its GIL, so --gil leaves out all of its samples",
-                    p.pid,
-                    p.binary,
-                    p.layout.version,
-                    if p.layout.free_threaded { ", free-threaded" } else { "" }
-                );
+            if self.gil_only
+                && (p.layout.free_threaded || !Session::gil_known(p))
+                && self.gil_warned.insert(p.pid)
+            {
+                if p.layout.free_threaded {
+                    eprintln!(
+                        "pyebpf: --gil: pid {} ({}, CPython {}) is free-threaded: it has no GIL, so --gil keeps every one of its samples",
+                        p.pid, p.binary, p.layout.version
+                    );
+                } else {
+                    eprintln!(
+                        "pyebpf: warning: pid {} ({}, CPython {}) does not expose its GIL, so --gil leaves out all of its samples",
+                        p.pid, p.binary, p.layout.version
+                    );
+                }
             }
             if (p.ns_pid.is_some() || p.identity.container_id.is_some())
                 && !self.id_labels.contains_key(&p.pid)

@@ -30,6 +30,8 @@ pub(crate) struct ProcessDump {
     pub ns_pid: Option<u32>,
     pub command: String,
     pub python_version: String,
+    /// A free-threaded (`Py_GIL_DISABLED`) build: no thread holds a GIL.
+    pub free_threaded: bool,
     pub binary: String,
     pub threads: Vec<ThreadDump>,
     /// `--async`: every asyncio task.
@@ -61,7 +63,8 @@ pub(crate) struct ThreadDump {
     pub state: ThreadState,
     /// `/proc`'s one-letter state (`R`, `S`, `D`, ...).
     pub os_state: String,
-    /// Holds the GIL; `None` where the layout does not locate it.
+    /// Holds the GIL; `None` where the layout does not locate it (and in free-threaded builds,
+    /// which have none).
     pub holds_gil: Option<bool>,
     /// Most recent call first.
     pub frames: Vec<FrameDump>,
@@ -158,6 +161,7 @@ pub(crate) fn snapshot(
         ns_pid: proc.ns_pid,
         command: proc.command.clone(),
         python_version: proc.layout.version.to_string(),
+        free_threaded: proc.layout.free_threaded,
         binary: proc.binary.clone(),
         threads,
         tasks: None,
@@ -208,7 +212,7 @@ pub(super) fn frame(
         Some(c) => (
             c.qualname.clone(),
             c.filename.clone(),
-            c.line_at_instr(layout, rec.code, rec.instr),
+            symbols.line(proc.pid, layout, rec.code, c, rec.instr),
         ),
         None => (format!("<code at {:#x}>", rec.code), "?".into(), 0),
     };

@@ -101,6 +101,7 @@ fn layout_311(version: PyVersion) -> PyLayout {
         linetable: 136,
         firstlineno: 72,
         code_adaptive: 184,
+        tlbc: 0,
     };
     PyLayout {
         version,
@@ -195,6 +196,7 @@ fn layout_312(version: PyVersion) -> PyLayout {
         linetable: 136,
         firstlineno: 68,
         code_adaptive: 192,
+        tlbc: 0,
     };
     PyLayout {
         version,
