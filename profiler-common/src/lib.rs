@@ -156,6 +156,104 @@ pub struct ProcInfo {
     /// module's `_Py_AsyncioModuleDebugOffsets`, CPython 3.14+), read into
     /// [`SampleHeader::running_task`] with each sample; 0: off.
     pub running_task_offset: u32,
+    /// `--async`: where the kernel finds the fields of the running task and of the tasks
+    /// awaiting it (see [`RawTask`]).
+    pub tasks: TaskLayout,
+}
+
+/// `--async`: the fields the kernel reads to capture a sample's task chain ([`RawTask`]s and
+/// the awaiting tasks' coroutine frames), from the `_asyncio` module's
+/// `_Py_AsyncioModuleDebugOffsets` and the interpreter's `_Py_DebugOffsets` (CPython 3.14+).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct TaskLayout {
+    /// `TaskObj.task_awaited_by`, `.task_coro`, `.task_name` (pointers) and
+    /// `.task_is_task`, `.task_awaited_by_is_set` (chars): at most [`TASK_SPAN_BYTES`] apart.
+    pub awaited_by: u16,
+    pub coro: u16,
+    pub name: u16,
+    pub is_task: u16,
+    pub awaited_by_is_set: u16,
+    /// `PyObject.ob_type`.
+    pub ob_type: u16,
+    /// `PyGenObject.gi_iframe` (the coroutine's embedded frame) and `.gi_frame_state` (an
+    /// `int8_t`): with the frame fields, at most [`CORO_SPAN_BYTES`] from `ob_type`.
+    pub gi_iframe: u16,
+    pub gi_frame_state: u16,
+    /// `_PyInterpreterFrame.stackpointer`.
+    pub stackpointer: u16,
+    /// `FRAME_SUSPENDED_YIELD_FROM` (an `int8_t`, as its byte): the coroutine waits on the
+    /// object `yield_from_slot` stack slots below `stackpointer`.
+    pub suspended_yield_from: u8,
+    pub yield_from_slot: u8,
+    pub _pad: u32,
+}
+
+/// Tasks of one sample's chain the kernel captures: the running task, then the task awaiting
+/// it, and so on. Past them (or at a task awaited by several, `TASK_AWAITED_BY_SET`),
+/// userspace follows the chain in the target's memory.
+pub const MAX_SAMPLE_TASKS: usize = 16;
+/// Coroutine frames of the awaiting tasks the kernel captures per sample, over all of them.
+pub const MAX_TASK_FRAMES: usize = 64;
+/// Bytes of a task's name object captured with it ([`RawTask::name_head`]).
+pub const TASK_NAME_BYTES: usize = 64;
+/// Largest span of `TaskObj` fields one read covers.
+pub const TASK_SPAN_BYTES: usize = 64;
+/// Largest span of a coroutine (from `ob_type` to the end of its frame's fields) one read
+/// covers.
+pub const CORO_SPAN_BYTES: usize = 256;
+/// Room for the task part of a sample (a power of two, for the verifier).
+pub const TASK_BYTES: usize = 4096;
+const _: () = assert!(
+    MAX_SAMPLE_TASKS * core::mem::size_of::<RawTask>() <= TASK_BYTES / 2
+        && MAX_TASK_FRAMES * core::mem::size_of::<RawFrame>() <= TASK_BYTES / 2
+);
+
+/// [`RawTask::flags`]: `awaited_by` is a `set` of tasks, not one task: the kernel stopped.
+pub const TASK_AWAITED_BY_SET: u32 = 1 << 0;
+/// [`RawTask::flags`]: the name object could not be read; `name_head` is zero.
+pub const TASK_NAME_UNREAD: u32 = 1 << 1;
+/// [`RawTask::flags`]: a coroutine of the task could not be read; its frames are a prefix.
+pub const TASK_CORO_UNREAD: u32 = 1 << 2;
+/// [`RawTask::flags`]: the frame room ([`MAX_TASK_FRAMES`]) ran out in this task's chain.
+pub const TASK_CORO_CUT: u32 = 1 << 3;
+
+/// [`SampleHeader::task_flags`]: the chain goes on past the tasks captured (room ran out, or
+/// the last one is awaited by a set): userspace continues from the last one's `awaited_by`.
+pub const TASKS_CONTINUE: u32 = 1 << 0;
+/// [`SampleHeader::task_flags`]: a task's fields could not be read (the chain ends there).
+pub const TASKS_READ_ERROR: u32 = 1 << 1;
+/// [`SampleHeader::task_flags`]: an awaiter pointer led to an object whose task flag is not
+/// set (garbage: the chain ends there).
+pub const TASKS_NOT_A_TASK: u32 = 1 << 2;
+
+/// One task of a sample's chain as the kernel saw it at sample time. Userspace names the task
+/// and places its frames from these bytes alone, so a task that finished (and whose memory
+/// went to another object) before userspace looked is still shown as it was.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct RawTask {
+    /// The `TaskObj`.
+    pub task: u64,
+    /// `task_coro`: for the running task, its frame is in the sample's stack.
+    pub coro: u64,
+    /// `task_awaited_by`: the awaiting task (the next `RawTask`), or a set of them
+    /// ([`TASK_AWAITED_BY_SET`]); 0 for a root task.
+    pub awaited_by: u64,
+    /// `task_name`: an `int` n (asyncio's default name, `Task-n`) or a `str`.
+    pub name: u64,
+    /// The first [`TASK_NAME_BYTES`] of the name object: its type, and an int's value or a
+    /// short str's characters.
+    pub name_head: [u64; TASK_NAME_BYTES / 8],
+    /// This task's coroutine frames among the sample's task frames: `nframes` from
+    /// `first_frame`, the task's own coroutine first, then the coroutines it awaits, inward.
+    /// None for the running task (its frames are the sample's).
+    pub first_frame: u16,
+    pub nframes: u16,
+    /// `TASK_*`.
+    pub flags: u32,
 }
 
 /// [`ProcInfo::native`]: no native stack.
@@ -243,16 +341,25 @@ pub struct SampleHeader {
     /// `TaskObj *`) at sample time; 0 when none runs, when the read failed or when the process
     /// has no [`ProcInfo::running_task_offset`].
     pub running_task: u64,
+    /// `--async`: the task part after the native part: `ntasks` [`RawTask`]s (the running
+    /// task first, then its awaiters), then `ntask_frames` [`RawFrame`]s.
+    pub ntasks: u16,
+    pub ntask_frames: u16,
+    /// `TASKS_*`.
+    pub task_flags: u32,
 }
 
 /// The complete raw sample as assembled in the per-CPU sample buffer; only the used prefix is
-/// sent: the header, `nframes` frames, then `native_len` bytes of native stack.
+/// sent: the header, `nframes` frames, `native_len` bytes of native stack, then the task part
+/// (see [`SampleHeader::ntasks`]). `tasks` is the room the task part may take past a full
+/// native part.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Sample {
     pub header: SampleHeader,
     pub frames: [RawFrame; MAX_FRAMES],
     pub native: [u8; NATIVE_BYTES],
+    pub tasks: [u8; TASK_BYTES],
 }
 
 /// [`ProcEvent::kind`]: a task called `execve`; `pid` is its process, which userspace inspects.

@@ -15,6 +15,8 @@ mod debug;
 mod lifecycle;
 #[cfg(target_arch = "bpf")]
 mod sampler;
+#[cfg(target_arch = "bpf")]
+mod tasks;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

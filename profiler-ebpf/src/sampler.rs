@@ -19,12 +19,12 @@ use aya_ebpf::{
     Global,
 };
 use profiler_common::{
-    fold_frame, fold_tag, stat, ProcInfo, PyOffsets, RawFrame, Sample, SampleHeader,
+    fold_frame, fold_tag, stat, ProcInfo, PyOffsets, RawFrame, RawTask, Sample, SampleHeader,
     CODE_TAG_BYTES, LAYOUT_CFRAME, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP, LAYOUT_GIL_MASK,
     MAX_DEEP_FRAMES, MAX_FRAMES, MAX_INTERPRETERS, MAX_LAYOUTS, MAX_NATIVE_FRAMES, MAX_PROCS,
     MAX_SEEN_CODE, MAX_THREADS, MAX_THREAD_WALK, NATIVE_BYTES, NATIVE_FRAME_POINTERS,
     NATIVE_STACK_COPY, SAMPLE_DEEP_INCOMPLETE, SAMPLE_HOLDS_GIL, SAMPLE_NEW_CODE,
-    SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED,
+    SAMPLE_READ_ERROR, SAMPLE_TRUNCATED, SAMPLE_TSTATE_CACHED, TASK_BYTES,
 };
 
 /// Keep one perf event in `SUBSAMPLE`, chosen at random (1, the default: keep all). The perf
@@ -248,6 +248,9 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
         entry_bits,
         regs: [0; 3],
         running_task: 0,
+        ntasks: 0,
+        ntask_frames: 0,
+        task_flags: 0,
     };
     if proc.native != 0 {
         match user {
@@ -255,15 +258,11 @@ pub fn sample(_ctx: PerfEventContext) -> u32 {
             None => bump(stat::NATIVE_ERRORS),
         }
     }
-    // `--async`: at most one extra read, only for processes that asked for it. Last, so that
-    // its branch does not double the states the verifier explores through the walk (6.1
-    // refused the `--debug-bpf` build at 1M instructions with this read before the walk).
-    let running_task_offset = proc.running_task_offset;
-    if running_task_offset != 0 {
-        if let Some(task) = read_u64(tstate.wrapping_add(running_task_offset as u64)) {
-            sample.header.running_task = task;
-        }
-    }
+    // `--async`: the running task and the chain of tasks awaiting it (see `tasks`), only for
+    // processes that asked for it. Last, so that its branch does not double the states the
+    // verifier explores through the walk (6.1 refused the `--debug-bpf` build at 1M
+    // instructions with the running task's read before the walk).
+    crate::tasks::capture(sample, tstate, proc, layout);
     // A young process's samples go out at once (see `ProcInfo::eager_samples`).
     let mut eager = false;
     if let Some(info) = PROCS.get_ptr_mut(&pid) {
@@ -910,7 +909,7 @@ extern "C" fn deep_step(_index: u64, _ctx: *mut c_void) -> i64 {
 #[inline(always)]
 fn emit(sample: &Sample, nframes: usize, eager: bool) {
     const _: () = assert!(
-        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<RawFrame>() + NATIVE_BYTES
+        size_of::<SampleHeader>() + MAX_FRAMES * size_of::<RawFrame>() + NATIVE_BYTES + TASK_BYTES
             == size_of::<Sample>()
     );
     // 1..=MAX_FRAMES raw frames and 0..NATIVE_BYTES of native stack: the verifier must see that
@@ -920,7 +919,14 @@ fn emit(sample: &Sample, nframes: usize, eager: bool) {
         0 => 0,
         n => bounds::size::<{ NATIVE_BYTES as u64 }>(n as u64) as usize,
     };
-    let len = size_of::<SampleHeader>() + nframes * size_of::<RawFrame>() + native;
+    // `--async`: the task part after the native part (see `tasks`).
+    let tasks = sample.header.ntasks as usize * size_of::<RawTask>()
+        + sample.header.ntask_frames as usize * size_of::<RawFrame>();
+    let tasks = match tasks {
+        0 => 0,
+        n => bounds::size::<{ TASK_BYTES as u64 }>(n as u64) as usize,
+    };
+    let len = size_of::<SampleHeader>() + nframes * size_of::<RawFrame>() + native + tasks;
     let bytes =
         unsafe { core::slice::from_raw_parts(sample as *const Sample as *const u64, len / 8) };
     // Waking the reader costs an interrupt (a VM exit on virtual machines) here and a

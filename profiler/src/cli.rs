@@ -349,6 +349,11 @@ pub struct TopArgs {
     /// Column to sort by (keys 1-7 change it in the live view).
     #[arg(long, value_enum, default_value_t = TopSort::Own)]
     pub sort: TopSort,
+    /// Also count asyncio tasks (CPython 3.14+): each task a sample ran in, and every task
+    /// awaiting it, is a `<task NAME>` row whose %Total is the time spent on its behalf (see
+    /// `record --async`; asyncio's default `Task-<n>` names show the task's coroutine).
+    #[arg(long = "async")]
+    pub async_tasks: bool,
     #[command(flatten)]
     pub debug: DebugArgs,
 }
@@ -360,12 +365,21 @@ pub struct AsyncArgs {
     /// coroutine, in a `<task NAME>` frame, then the coroutine frames of the task awaiting it
     /// (`await task`, `gather`, a `TaskGroup`'s parent), its own `<task …>` frame, and so on
     /// down to the root task, instead of the event loop's frames. So each task's CPU time sits
-    /// under the chain of tasks that wait for it. Needs CPython 3.14+, whose `_asyncio`
-    /// module publishes its task layout (`.AsyncioDebug`); a process on 3.11-3.13 is named
-    /// once and sampled without task frames. Costs one more 8-byte read per sample in the
-    /// kernel; task chains are read (rarely: cached briefly) from userspace.
+    /// under the chain of tasks that wait for it. A task the program named shows its name; one
+    /// asyncio named (`Task-<n>`) shows its coroutine, `<task AsyncTree.recurse>`, so that
+    /// thousands of short-lived tasks add up instead of each being a stack of its own. Needs
+    /// CPython 3.14+, whose `_asyncio` module publishes its task layout (`.AsyncioDebug`); a
+    /// process on 3.11-3.13 is named once and sampled without task frames. The kernel captures
+    /// the chain with each sample that runs a task (a few reads per task: see BENCHMARKS.md),
+    /// so tasks that finish within milliseconds are still shown as they were.
     #[arg(long = "async")]
     pub async_tasks: bool,
+    /// With --async, give each sample taken while a task ran a `task_name` label holding the
+    /// task's own name (`Task-<n>` for asyncio's default names), in pprof and OTLP (a sample
+    /// attribute) and in what the agent exports. Off by default: a program that makes many tasks makes as many
+    /// label values, and the profile grows with them.
+    #[arg(long, requires = "async_tasks")]
+    pub task_labels: bool,
 }
 
 /// `--native` and its settings, shared by `record`, `agent` and `dump`.

@@ -1,17 +1,20 @@
 //! Raw samples from the ring buffer → typed values. Pure: no maps, no processes, unit-tested below.
 //!
-//! A raw sample is a [`SampleHeader`] followed by `nframes` [`RawFrame`]s and
-//! `native_len` bytes of native stack, as the kernel writes them
-//! (`profiler-ebpf/src/sampler.rs`). The bytes come from our own BPF program, but
-//! a truncated or corrupt sample must still cost a counter, never a panic.
+//! A raw sample is a [`SampleHeader`] followed by `nframes` [`RawFrame`]s, `native_len`
+//! bytes of native stack and, with `--async`, `ntasks` [`RawTask`]s and `ntask_frames`
+//! [`RawFrame`]s, as the kernel writes them (`profiler-ebpf/src/sampler.rs`, `tasks.rs`). The
+//! bytes come from our own BPF program, but a truncated or corrupt sample must still cost a
+//! counter, never a panic.
 
-use profiler_common::{RawFrame, SampleHeader, NATIVE_FRAME_POINTERS, NATIVE_STACK_COPY};
+use profiler_common::{RawFrame, RawTask, SampleHeader, NATIVE_FRAME_POINTERS, NATIVE_STACK_COPY};
 
 /// One sample as the kernel recorded it.
 pub(crate) struct RawSample<'a> {
     pub header: SampleHeader,
     frames: &'a [u8],
     native: &'a [u8],
+    tasks: &'a [u8],
+    task_frames: &'a [u8],
 }
 
 /// The user stack captured with a sample (`--native`).
@@ -63,6 +66,20 @@ impl RawSample<'_> {
         }
     }
 
+    /// `--async`: the task chain captured with the sample, the running task first.
+    pub(crate) fn tasks(&self) -> impl Iterator<Item = RawTask> + '_ {
+        self.tasks
+            .chunks_exact(size_of::<RawTask>())
+            .map(bytemuck::pod_read_unaligned::<RawTask>)
+    }
+
+    /// `--async`: the awaiting tasks' coroutine frames (see [`RawTask::first_frame`]).
+    pub(crate) fn task_frames(&self) -> impl Iterator<Item = RawFrame> + '_ {
+        self.task_frames
+            .chunks_exact(size_of::<RawFrame>())
+            .map(bytemuck::pod_read_unaligned::<RawFrame>)
+    }
+
     /// Whether recorded frame `index` is an eval loop's entry frame.
     pub(crate) fn is_entry(&self, index: usize) -> bool {
         index < 128 && self.header.entry_bits[index / 64] & (1 << (index % 64)) != 0
@@ -76,11 +93,19 @@ pub(crate) fn sample(bytes: &[u8]) -> Option<RawSample<'_>> {
     let frames_len = (header.nframes as usize).checked_mul(size_of::<RawFrame>())?;
     let frames_end = header_len.checked_add(frames_len)?;
     let frames = bytes.get(header_len..frames_end)?;
-    let native = bytes.get(frames_end..frames_end.checked_add(header.native_len as usize)?)?;
+    let native_end = frames_end.checked_add(header.native_len as usize)?;
+    let native = bytes.get(frames_end..native_end)?;
+    let tasks_end = native_end.checked_add(header.ntasks as usize * size_of::<RawTask>())?;
+    let tasks = bytes.get(native_end..tasks_end)?;
+    let task_frames_end =
+        tasks_end.checked_add(header.ntask_frames as usize * size_of::<RawFrame>())?;
+    let task_frames = bytes.get(tasks_end..task_frames_end)?;
     Some(RawSample {
         header,
         frames,
         native,
+        tasks,
+        task_frames,
     })
 }
 
@@ -149,6 +174,38 @@ mod tests {
         assert_eq!((ip, sp, bp, stack), (1, 2, 3, &[7u8; 16][..]));
         // A native part longer than the sample is a short sample.
         assert!(sample(&bytes[..bytes.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn task_part_follows_the_native_part() {
+        let header = SampleHeader {
+            nframes: 1,
+            native: NATIVE_STACK_COPY as u16,
+            native_len: 8,
+            ntasks: 2,
+            ntask_frames: 1,
+            ..Default::default()
+        };
+        let mut bytes = bytemuck::bytes_of(&header).to_vec();
+        bytes.extend_from_slice(bytemuck::bytes_of(&frame(10)));
+        bytes.extend_from_slice(&[7; 8]);
+        for task in [0x100u64, 0x200] {
+            let t = RawTask {
+                task,
+                first_frame: 0,
+                nframes: (task == 0x200) as u16,
+                ..Default::default()
+            };
+            bytes.extend_from_slice(bytemuck::bytes_of(&t));
+        }
+        bytes.extend_from_slice(bytemuck::bytes_of(&frame(30)));
+        let rec = sample(&bytes).unwrap();
+        let tasks: Vec<u64> = rec.tasks().map(|t| t.task).collect();
+        assert_eq!(tasks, [0x100, 0x200]);
+        assert_eq!(rec.task_frames().map(|f| f.code).collect::<Vec<_>>(), [30]);
+        assert!(matches!(rec.native(), Some(NativeCapture::Copy { stack, .. }) if stack == [7; 8]));
+        // A task part cut short is a short sample.
+        assert!(sample(&bytes[..bytes.len() - 8]).is_none());
     }
 
     /// The ring buffer rounds samples up; bytes past the frames are ignored.

@@ -355,7 +355,13 @@ pub(crate) fn inspect_maps(
             ))
         })?;
         let layout = layout_of(pid, binary, runtime, &elf)?;
-        let version = format!("{}.{}", layout.version.major, layout.version.minor);
+        // `3.13t` names a free-threaded build, as its executable and ABI tag do.
+        let version = format!(
+            "{}.{}{}",
+            layout.version.major,
+            layout.version.minor,
+            if layout.free_threaded { "t" } else { "" }
+        );
         let identity = Arc::new(identity_of(&caches.identities, pid, &version, &command));
         return Ok(PythonProcess {
             pid,

@@ -74,6 +74,9 @@ pub(crate) struct Options {
     pub native: Option<crate::native::NativeOptions>,
     /// `<task NAME>` frames and awaiter chains for asyncio programs (`--async`).
     pub async_tasks: bool,
+    /// With `async_tasks`: each task sample's running task's raw name as its `task_name`
+    /// label (`--task-labels`).
+    pub task_labels: bool,
 }
 
 /// Whether a sink wants the run to go on.
@@ -185,7 +188,7 @@ pub(crate) fn start(options: &Options) -> Result<Session> {
         session.enable_idle(options.rate_hz);
     }
     if options.async_tasks {
-        session.enable_async();
+        session.enable_async(options.task_labels);
     }
     session.delay_first_look(options.first_look);
     if let Scope::Pids(pids) = &options.scope {

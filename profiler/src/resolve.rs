@@ -67,10 +67,14 @@ pub(crate) struct Resolved<'a> {
     pub truncated: bool,
     /// A read failed mid-walk; `frames` are its top part.
     pub partial: bool,
-    /// The thread held the GIL (kernel samples of layouts that locate it, with `--gil`).
+    /// The thread held the GIL (kernel samples of layouts that locate it, with `--gil`), or
+    /// ran in a free-threaded build, which has none to wait for.
     pub holds_gil: bool,
     /// An off-CPU stack from the thread list (`--idle`), not a kernel sample.
     pub idle: bool,
+    /// `--async --task-labels`: the raw name of the task that ran (`Task-<n>` for asyncio's
+    /// default names), for the `task_name` label.
+    pub task_name: Option<Arc<str>>,
     /// Samples this stands for: 1 for kernel samples, the sampling periods an idle stack
     /// covers.
     pub weight: u64,
@@ -123,6 +127,9 @@ pub(crate) struct Resolver {
     /// Rewrite samples that ran a task with their task chains (off: the running task is only
     /// reported, as `dump` wants).
     rewrite_tasks: bool,
+    /// `--task-labels`: give samples the raw name of their running task.
+    task_labels: bool,
+    task_name: Option<Arc<str>>,
     spliced: Vec<Mixed>,
     task_ranges: Vec<(Arc<str>, std::ops::Range<usize>)>,
     pub stats: SessionStats,
@@ -155,8 +162,9 @@ impl Resolver {
             true => self.merge_native(raw, process),
             false => false,
         };
+        self.task_name = None;
         if header.running_task != 0 && self.rewrite_tasks {
-            mixed |= self.rewrite_async(header.pid, header.running_task, process, mixed);
+            mixed |= self.rewrite_async(raw, process, mixed);
         }
         let resolved = Resolved {
             pid: header.pid,
@@ -165,8 +173,10 @@ impl Resolver {
             mixed: mixed.then_some(&self.mixed[..]),
             truncated,
             partial: header.flags & SAMPLE_READ_ERROR != 0,
-            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0,
+            // A free-threaded build has no GIL: every running thread runs as its holder would.
+            holds_gil: header.flags & SAMPLE_HOLDS_GIL != 0 || process.layout.free_threaded,
             idle: false,
+            task_name: self.task_name.take(),
             weight: 1,
             frame_addrs: &self.frame_addrs,
             running_task: header.running_task,
@@ -197,6 +207,7 @@ impl Resolver {
             partial: false,
             holds_gil: false,
             idle: true,
+            task_name: None,
             weight: stack.weight,
             frame_addrs: &self.frame_addrs,
             running_task: 0,
@@ -216,10 +227,12 @@ impl Resolver {
     }
 
     /// Rewrites kernel samples taken while an asyncio task ran with `<task …>` frames and
-    /// their awaiter chains from now on (see `crate::awaiters`).
-    pub(crate) fn enable_async(&mut self) {
+    /// their awaiter chains from now on (see `crate::awaiters`); with `task_labels`, gives
+    /// them the raw name of their running task too ([`Resolved::task_name`]).
+    pub(crate) fn enable_async(&mut self, task_labels: bool) {
         self.awaiters.get_or_insert_with(Awaiters::default);
         self.rewrite_tasks = true;
+        self.task_labels = task_labels;
     }
 
     /// Reports each sample's running task (`Resolved::running_task`) without rewriting the
@@ -237,15 +250,10 @@ impl Resolver {
         self.awaiters.as_ref().map(|a| a.stats)
     }
 
-    /// Fills `self.mixed` with the async stack of a sample whose running task is `running`
-    /// (see `crate::awaiters`); false, stack untouched, when it cannot be had.
-    fn rewrite_async(
-        &mut self,
-        pid: u32,
-        running: u64,
-        process: &PythonProcess,
-        has_mixed: bool,
-    ) -> bool {
+    /// Fills `self.mixed` with the async stack of a sample taken while a task ran (see
+    /// `crate::awaiters`); false, stack untouched, when it cannot be had.
+    fn rewrite_async(&mut self, raw: &RawSample, process: &PythonProcess, has_mixed: bool) -> bool {
+        let pid = raw.header.pid;
         let Some(aw) = self.awaiters.as_mut() else {
             return false;
         };
@@ -253,10 +261,13 @@ impl Resolver {
             return false;
         };
         aw.stats.task_samples += 1;
-        let Some(chain) = aw.chain(pid, &process.layout, &a, running) else {
+        let Some(chain) = aw.chain(pid, &process.layout, &a, raw) else {
             return false;
         };
-        let target = a.coro_frame(chain.tasks[0].0.coro);
+        if self.task_labels {
+            self.task_name = Some(chain.tasks[0].name.raw());
+        }
+        let target = a.coro_frame(chain.tasks[0].coro);
         let found = self.frame_addrs.iter().position(|&f| f == target);
         let in_mixed = |k: usize| {
             !has_mixed
@@ -276,13 +287,26 @@ impl Resolver {
         self.frames.truncate(k + 1);
         self.frame_addrs.truncate(k + 1);
         self.task_ranges.clear();
-        for (i, (task, name)) in chain.tasks.iter().enumerate() {
+        for (i, task) in chain.tasks.iter().enumerate() {
             let start = self.frames.len();
             if i > 0 {
-                self.symbolize_more(pid, &process.layout, task.coro_frames.iter().copied());
+                self.symbolize_more(pid, &process.layout, task.frames.iter().copied());
             }
+            let end = self.frames.len();
+            // The task's coroutine: the running task's is frame `k`, an awaiter's is the
+            // outermost of its frames.
+            let coroutine = match i {
+                0 => self.frames.get(k),
+                _ => end
+                    .checked_sub(1)
+                    .filter(|&e| e >= start)
+                    .and_then(|e| self.frames.get(e)),
+            };
+            let qualname = coroutine
+                .and_then(|f| f.code.as_deref())
+                .map(|c| c.qualname.as_str());
             self.task_ranges
-                .push((name.clone(), start..self.frames.len()));
+                .push((task.name.shown(qualname), start..end));
         }
         if awaiters::splice(
             &self.mixed,
@@ -455,7 +479,7 @@ impl Resolver {
             };
             let line = code
                 .as_ref()
-                .map(|c| c.line_at_instr(layout, rec.code, rec.instr))
+                .map(|c| self.symbols.line(pid, layout, rec.code, c, rec.instr))
                 .unwrap_or(0);
             if code.is_none() {
                 self.stats.unknown_frames += 1;

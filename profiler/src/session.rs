@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use profiler_common::LAYOUT_GIL_MASK;
+use profiler_common::{TaskLayout, LAYOUT_GIL_MASK};
 
 use crate::awaiters::{self, AsyncStats, ProcessAsync};
 use crate::bpf::{DebugBpf, KernelStats, MapSizes, Sampler, DEFAULT_STACK_COPY};
@@ -138,9 +138,10 @@ impl Session {
 
     /// Have the kernel record each sample's running asyncio task and rewrite those samples
     /// with `<task …>` frames and awaiter chains (`--async`), for processes added from now on.
-    pub(crate) fn enable_async(&mut self) {
+    /// With `task_labels`, samples carry their running task's raw name (`Resolved::task_name`).
+    pub(crate) fn enable_async(&mut self, task_labels: bool) {
         self.async_tasks = true;
-        self.resolver.enable_async();
+        self.resolver.enable_async(task_labels);
     }
 
     /// Have the kernel record each sample's running asyncio task, reported as
@@ -156,21 +157,19 @@ impl Session {
     }
 
     /// `--async`: finds `proc`'s task layout and records it; the offset of the running task in
-    /// its thread states for the kernel (0: none, yet or at all). Says once per process why
-    /// there is none when that is final.
-    fn async_offset(&mut self, proc: &PythonProcess) -> u32 {
+    /// its thread states and the task layout for the kernel (none, yet or at all). Says once
+    /// per process why there is none when that is final.
+    fn async_offset(&mut self, proc: &PythonProcess) -> Option<(u32, TaskLayout)> {
         if !self.async_tasks {
-            return 0;
+            return None;
         }
-        let Some(aw) = self.resolver.awaiters() else {
-            return 0;
-        };
+        let aw = self.resolver.awaiters()?;
         let pid = proc.pid;
         match asyncio::locate(proc) {
             Ok((layout, found)) => {
                 log::info!("pid {pid}: asyncio task layout from {found:?}");
                 aw.set(pid, ProcessAsync::Ready(layout));
-                layout.offsets.thread_running_task as u32
+                Some((layout.offsets.thread_running_task as u32, layout.kernel))
             }
             Err(e) if awaiters::retry_later(&e) => {
                 log::info!("pid {pid}: {e}; looking again every second");
@@ -180,7 +179,7 @@ impl Session {
                         next_try: Instant::now() + awaiters::RETRY_INTERVAL,
                     },
                 );
-                0
+                None
             }
             Err(e) => {
                 if matches!(e, AsyncError::Unsupported { .. }) {
@@ -201,7 +200,7 @@ impl Session {
                     );
                 }
                 aw.set(pid, ProcessAsync::Off);
-                0
+                None
             }
         }
     }
@@ -222,7 +221,7 @@ impl Session {
                 continue;
             };
             let offset = layout.offsets.thread_running_task as u32;
-            if self.sampler.set_running_task_offset(pid, offset) {
+            if self.sampler.set_tasks(pid, offset, layout.kernel) {
                 log::info!("pid {pid}: asyncio task layout from {found:?} (found late)");
                 if let Some(aw) = self.resolver.awaiters() {
                     aw.set(pid, ProcessAsync::Ready(layout));
@@ -272,7 +271,7 @@ impl Session {
         // A process that has run for a while has loaded its code: its samples can wait for
         // the drain timer (code new to the sampler still wakes userspace at once).
         let young = procfs::age(pid).is_none_or(|age| age < YOUNG_PROCESS);
-        let running_task_offset = self.async_offset(&proc);
+        let tasks = self.async_offset(&proc);
         self.sampler
             .register(
                 pid,
@@ -280,7 +279,7 @@ impl Session {
                 &kernel,
                 young,
                 NativeOptions::mode(self.native, proc.frame_pointers),
-                running_task_offset,
+                tasks,
             )
             .map_err(|cause| DiscoveryError::Other {
                 pid,

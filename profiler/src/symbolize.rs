@@ -20,6 +20,12 @@ pub(crate) struct SymbolStats {
     pub misses: u64,
     pub errors: u64,
     pub evictions: u64,
+    /// Free-threaded 3.14+: reads of a code object's per-thread bytecode copies made because a
+    /// frame's instruction pointer lay in none of those known (a thread's first run of it).
+    pub tlbc_reads: u64,
+    /// Frames whose instruction pointer lay in no copy even after that read (shown at the
+    /// function's first line).
+    pub tlbc_unmatched: u64,
 }
 
 #[derive(Default)]
@@ -63,6 +69,30 @@ impl Symbolizer {
         }
         self.cache.insert((pid, code, tag), info.clone());
         info
+    }
+
+    /// The line `instr` of a frame running `info` (the code object at `code`) is at. With
+    /// per-thread bytecode (free-threaded 3.14+) a copy made since `info` was read is looked
+    /// up first.
+    pub(crate) fn line(
+        &mut self,
+        pid: u32,
+        layout: &PyLayout,
+        code: u64,
+        info: &CodeInfo,
+        instr: u64,
+    ) -> u32 {
+        if layout.code.tlbc != 0 && info.bytecode_start(layout, code, instr).is_none() {
+            self.stats.tlbc_reads += 1;
+            let refreshed = info.refresh_tlbc(&ProcessMemory::new(pid), layout, code);
+            if let Err(err) = &refreshed {
+                log::debug!("pid {pid}: co_tlbc of {code:#x}: {err:#}");
+            }
+            if info.bytecode_start(layout, code, instr).is_none() {
+                self.stats.tlbc_unmatched += 1;
+            }
+        }
+        info.line_at_instr(layout, code, instr)
     }
 
     /// Drops everything cached for an exited process.

@@ -11,6 +11,11 @@ pub mod pprof;
 
 /// Default location of the Debian sid root holding CPython 3.13–3.15 (`cargo xtask sidroot`).
 pub const DEFAULT_SID_ROOT: &str = "/var/cache/pyebpf/sid-root";
+/// Default location of the free-threaded CPython 3.13 build (`cargo xtask freethreaded`);
+/// `$PYEBPF_FREETHREADED` overrides it.
+pub const DEFAULT_FREETHREADED: &str = "/var/cache/pyebpf/python3.13t";
+/// The label of that build among [`interpreters`].
+pub const FREETHREADED_LABEL: &str = "free-threaded 3.13t";
 
 /// One CPython interpreter the tests can run.
 #[derive(Clone, Debug)]
@@ -23,6 +28,8 @@ pub struct Interpreter {
     pub exe: PathBuf,
     /// A chroot the interpreter runs in (the sid root), seen from the host.
     pub root: Option<PathBuf>,
+    /// A free-threaded (`Py_GIL_DISABLED`) build, as the interpreter says of itself.
+    pub free_threaded: bool,
 }
 
 impl Interpreter {
@@ -113,9 +120,13 @@ impl Interpreter {
     }
 }
 
-fn probe_version(interp: &Interpreter) -> Option<(u32, u32)> {
+/// (major, minor, free-threaded) as the interpreter reports them.
+fn probe_version(interp: &Interpreter) -> Option<(u32, u32, bool)> {
     let out = interp
-        .command_c("import sys; print(sys.version_info[0], sys.version_info[1])")
+        .command_c(
+            "import sys, sysconfig; print(sys.version_info[0], sys.version_info[1], \
+             sysconfig.get_config_var('Py_GIL_DISABLED') or 0)",
+        )
         .output()
         .ok()?;
     if !out.status.success() {
@@ -123,13 +134,22 @@ fn probe_version(interp: &Interpreter) -> Option<(u32, u32)> {
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut parts = text.split_whitespace().map(|p| p.parse::<u32>().ok());
-    Some((parts.next()??, parts.next()??))
+    Some((parts.next()??, parts.next()??, parts.next()?? == 1))
+}
+
+/// Where the free-threaded build lives: `$PYEBPF_FREETHREADED`, else [`DEFAULT_FREETHREADED`].
+pub fn freethreaded_dir() -> PathBuf {
+    std::env::var_os("PYEBPF_FREETHREADED")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_FREETHREADED))
 }
 
 /// Every supported interpreter (3.11+) found on this machine, and a reason for each candidate
 /// that was skipped. Candidates: Debian's `/usr/bin/python3.11`, pyenv builds under
-/// `/root/.pyenv/versions`, and `python3.13`–`python3.15` in the sid root
-/// (`$PYEBPF_SID_ROOT`, default [`DEFAULT_SID_ROOT`]).
+/// `/root/.pyenv/versions`, `python3.13`–`python3.15` in the sid root
+/// (`$PYEBPF_SID_ROOT`, default [`DEFAULT_SID_ROOT`]), and the free-threaded 3.13t
+/// ([`freethreaded_dir`]).
 ///
 /// `$PYEBPF_TEST_INTERPRETERS` narrows the candidates to those whose label contains one of its
 /// comma-separated substrings (e.g. `debian,pyenv 3.12`); unset or empty means all of them.
@@ -142,6 +162,7 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
         version: (0, 0),
         exe: "/usr/bin/python3.11".into(),
         root: None,
+        free_threaded: false,
     }];
     let pyenv = Path::new("/root/.pyenv/versions");
     if let Ok(entries) = std::fs::read_dir(pyenv) {
@@ -169,6 +190,7 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
                 version: (0, 0),
                 exe,
                 root: None,
+                free_threaded: false,
             });
         }
     } else {
@@ -185,8 +207,16 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
             version: (0, 0),
             exe: PathBuf::from(format!("/usr/bin/python3.{minor}")),
             root: Some(sid.clone()),
+            free_threaded: false,
         });
     }
+    candidates.push(Interpreter {
+        label: FREETHREADED_LABEL.into(),
+        version: (0, 0),
+        exe: freethreaded_dir().join("bin/python3.13t"),
+        root: None,
+        free_threaded: false,
+    });
     let wanted = std::env::var(INTERPRETERS_ENV).unwrap_or_default();
     let (candidates, unwanted): (Vec<_>, Vec<_>) = candidates
         .into_iter()
@@ -202,6 +232,7 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
         if !host_exe.exists() {
             let fix = match c.root {
                 Some(_) => " (run `cargo xtask sidroot`)",
+                None if c.label == FREETHREADED_LABEL => " (run `cargo xtask freethreaded`)",
                 None => "",
             };
             skipped.push(format!(
@@ -212,13 +243,19 @@ pub fn interpreters() -> (Vec<Interpreter>, Vec<String>) {
             continue;
         }
         match probe_version(&c) {
-            Some(v) if v.0 == 3 && v.1 >= 11 => {
-                c.version = v;
+            Some((_, _, false)) if c.label == FREETHREADED_LABEL => skipped.push(format!(
+                "{}: {} is not a free-threaded build (Py_GIL_DISABLED is not set)",
+                c.label,
+                host_exe.display()
+            )),
+            Some((major, minor, free_threaded)) if major == 3 && minor >= 11 => {
+                c.version = (major, minor);
+                c.free_threaded = free_threaded;
                 found.push(c);
             }
-            Some(v) => skipped.push(format!(
-                "{}: version {}.{} is not supported",
-                c.label, v.0, v.1
+            Some((major, minor, _)) => skipped.push(format!(
+                "{}: version {major}.{minor} is not supported",
+                c.label
             )),
             None => skipped.push(format!("{}: does not run", c.label)),
         }
@@ -275,7 +312,8 @@ pub fn interpreters_logged() -> Vec<Interpreter> {
         .collect();
     assert!(
         missing.is_empty(),
-        "required interpreters are missing: {missing:?} (`cargo xtask test` builds the sid root; \
+        "required interpreters are missing: {missing:?} (`cargo xtask test` builds the sid root \
+         and the free-threaded 3.13t; \
          to run a subset on purpose set {INTERPRETERS_ENV})"
     );
     found

@@ -434,7 +434,9 @@ fn pushes_reach_pyroscope_through_failures() {
             assert_eq!(label(series, "__name__"), Some("process_cpu"));
             assert_eq!(label(series, "env"), Some("test"));
             assert_eq!(label(series, "pid"), Some(chain.pid().to_string().as_str()));
-            let version = format!("{}.{}", interp.version.0, interp.version.1);
+            // `3.13t` for a free-threaded build.
+            let t = if interp.free_threaded { "t" } else { "" };
+            let version = format!("{}.{}{t}", interp.version.0, interp.version.1);
             assert_eq!(label(series, "python_version"), Some(version.as_str()));
             assert!(label(series, "hostname").is_some_and(|h| !h.is_empty()));
             let names: Vec<&str> = series.labels.iter().map(|l| l.name.as_str()).collect();
@@ -693,7 +695,9 @@ fn otlp_and_pyroscope_at_once_through_503s() {
 
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let executable = std::fs::read_link(format!("/proc/{}/exe", chain.pid())).unwrap();
-    let version = format!("{}.{}", interp.version.0, interp.version.1);
+    // The agent's `python_version`, `3.13t` for a free-threaded build.
+    let t = if interp.free_threaded { "t" } else { "" };
+    let version = format!("{}.{}{t}", interp.version.0, interp.version.1);
     let mut otlp_windows = Vec::new();
     let mut exact = 0;
     let mut total = 0;

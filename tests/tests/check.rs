@@ -173,6 +173,12 @@ fn lists_live_interpreters_with_version_binary_and_layout_source() {
     assert_consistent(code, &report);
     for (interp, w) in &workloads {
         assert_listed(&report, w.pid(), w, interp.minor(), &interp.label);
+        assert_eq!(
+            supported(&report, w.pid())["free_threaded"],
+            interp.free_threaded,
+            "{}",
+            interp.label
+        );
         let p = supported(&report, w.pid());
         // A chroot is no namespace: the sid root's interpreters share ours (and their paths
         // read from here include the root).
@@ -185,7 +191,8 @@ fn lists_live_interpreters_with_version_binary_and_layout_source() {
             .unwrap_or_else(|| panic!("no ✔ line for {}: {text}", w.pid()));
         assert!(
             line.contains(&format!("CPython {}", w.printed("version")))
-                && line.contains(&runtime_binary(w.pid(), w)),
+                && line.contains(&runtime_binary(w.pid(), w))
+                && line.contains("free-threaded") == interp.free_threaded,
             "{line}"
         );
     }

@@ -198,7 +198,17 @@ fn dump_shows_each_thread_without_stopping_it() {
             format!("main thread: {main:?}"),
         );
         // States: the sleeper and waiter are idle in every dump; the spinner was seen on a
-        // CPU, holding the GIL, in at least one of five.
+        // CPU, holding the GIL, in at least one of five. A free-threaded build has no GIL:
+        // nobody holds one (`null`), and the process says it is free-threaded.
+        let (holding, not_holding) = if interp.free_threaded {
+            (Value::Null, Value::Null)
+        } else {
+            (Value::Bool(true), Value::Bool(false))
+        };
+        check(
+            p["free_threaded"] == interp.free_threaded,
+            format!("free_threaded: {}", p["free_threaded"]),
+        );
         for who in ["sleeper", "waiter"] {
             let states: Vec<&Value> = docs
                 .iter()
@@ -213,7 +223,7 @@ fn dump_shows_each_thread_without_stopping_it() {
                 .map(|d| &thread(d, &tids[who])["holds_gil"])
                 .collect();
             check(
-                gil.iter().all(|g| *g == false),
+                gil.iter().all(|g| **g == not_holding),
                 format!("{who}: holds_gil {gil:?}"),
             );
         }
@@ -221,7 +231,7 @@ fn dump_shows_each_thread_without_stopping_it() {
         check(
             spinner
                 .iter()
-                .any(|t| t["state"] == "running" && t["holds_gil"] == true),
+                .any(|t| t["state"] == "running" && t["holds_gil"] == holding),
             format!(
                 "spinner never seen running with the GIL: {:?}",
                 spinner

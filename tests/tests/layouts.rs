@@ -369,10 +369,37 @@ fn check_interpreters(p: &Probe, l: &PyLayout) -> Check {
 }
 
 /// The kernel's GIL test (`locked != 0 && last_holder == tstate`, the GIL state found as the
-/// layout says) on the copies taken with the GIL held by the main thread and released.
+/// layout says) on the copies taken with the GIL held by the main thread and released. A
+/// free-threaded build has no GIL: its layout must locate none (`--gil` keeps all its samples).
 fn check_gil(p: &Probe, l: &PyLayout) -> Check {
     let k = &l.kernel;
     let tstate = p.addr("tstate")?;
+    if l.free_threaded {
+        ensure(
+            k.flags & (LAYOUT_GIL_RUNTIME | LAYOUT_GIL_INTERP) == 0,
+            || {
+                format!(
+                    "a free-threaded layout locates a GIL (flags {:#x})",
+                    k.flags
+                )
+            },
+        )?;
+        ensure(p.json["gil_enabled"] == false, || {
+            format!(
+                "the layout says free-threaded, the interpreter says sys._is_gil_enabled() = {}",
+                p.json["gil_enabled"]
+            )
+        })?;
+        // tstate->interp is still read (the kernel's GIL base elsewhere): it must be right.
+        let interp = p.mem.u64(tstate + u64::from(k.tstate_interp))?;
+        ensure(interp == p.addr("main_interp")?, || {
+            format!("tstate->interp {interp:#x} is not the main interpreter")
+        })?;
+        return Ok("free-threaded: no GIL located, sys._is_gil_enabled() is False".to_string());
+    }
+    ensure(p.json["gil_enabled"] == true, || {
+        "a layout with a GIL for an interpreter whose GIL is disabled".to_string()
+    })?;
     let worker = num(&p.json["worker"]["tstate"], "worker tstate")?;
     let holds = |view: View, t: u64| -> Result<(bool, u64, u32), String> {
         let u64_at = |a: u64| p.mem.u64_in(a, view);
@@ -1085,6 +1112,21 @@ fn mutation_coverage(p: &Probe, good: &PyLayout) -> (usize, Vec<String>, Vec<Str
         mutants.push((name.into(), l));
     }
     let mut skipped = Vec::new();
+    if good.free_threaded {
+        // No GIL: the kernel tests none, whatever these say (the flags that would locate one
+        // are still mutated above, and caught).
+        let unused = [
+            "gil_offset",
+            "gil_locked",
+            "gil_last_holder",
+            "flags^GIL_INDIRECT",
+        ];
+        mutants.retain(|(n, _)| !unused.iter().any(|u| n.starts_with(u)));
+        skipped.push(
+            "gil_offset, gil_locked, gil_last_holder, GIL_INDIRECT (free-threaded: no GIL)"
+                .to_string(),
+        );
+    }
     if good.kernel.skip_owner_mask != 0 {
         let mut l = *good;
         l.kernel.skip_owner_mask = 0;

@@ -6,7 +6,9 @@ The probe knows no CPython layout. It finds addresses only through the C API
 (PyThreadState_Get, PyInterpreterState_Head/Next/ThreadHead, PyThreadState_Next, the
 _PyRuntime symbol), id() of objects, and one assumption it shares with no layout under test:
 PyFrameObject begins {PyObject_HEAD; f_back; f_frame}, so f_frame (the frame's
-_PyInterpreterFrame) is the word at offset 24. The Rust test cross-checks that word against
+_PyInterpreterFrame) is the word after f_back: at 24 with the GIL, at 40 in a free-threaded
+build, whose object header is larger (object.__basicsize__ is sizeof(PyObject) in both). The
+Rust test cross-checks that word against
 the frame it reaches from the thread state through the layout.
 
 Memory is copied with write(2) into a pipe, so an unreadable address yields EFAULT instead of
@@ -54,6 +56,7 @@ WRITE_HOLDING_GIL.restype = ctypes.c_ssize_t
 WRITE_HOLDING_GIL.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
 
 RUNTIME = ctypes.addressof(ctypes.c_char.in_dll(api, "_PyRuntime"))
+F_FRAME = object.__basicsize__ + 8  # PyObject_HEAD, f_back
 
 # (addr, bytes, phase) in dump order. Phases: "snapshot" (copied inline in probe_here: the
 # thread state and its current frame at one instant), "stack" (while probe_here runs, so the
@@ -135,7 +138,7 @@ STATE = {}
 def probe_here():
     """The frame the test finds through the thread state: snapshots are taken inline."""
     me = sys._getframe()
-    iframe = u64(id(me) + 24)
+    iframe = u64(id(me) + F_FRAME)
     tstate = STATE["tstate"]
     # One line: both copies happen while this frame executes this line's CALLs, and the
     # cframe / entry-frame words are chased right after, still inside this frame.
@@ -166,7 +169,7 @@ def describe_frames(top):
     f = top
     while f is not None:
         code = f.f_code
-        iframe = u64(id(f) + 24)
+        iframe = u64(id(f) + F_FRAME)
         frames.append(
             {
                 "pyframe": id(f),
@@ -297,7 +300,7 @@ def run_probe():
     dump_gil_states(interps)
 
     dead = make_dead_frame()
-    dead_iframe = u64(id(dead) + 24)
+    dead_iframe = u64(id(dead) + F_FRAME)
     dump(dead_iframe, 128)
     describe_code(dead.f_code)
 
@@ -315,6 +318,8 @@ def run_probe():
     thread.join()
     out = {
         "hexversion": sys.hexversion,
+        # Free-threaded builds (3.13+) say whether their GIL is on; others always have one.
+        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
         "version": list(sys.version_info[:3]),
         "runtime": RUNTIME,
         "none": id(None),

@@ -6,6 +6,7 @@ mod bench;
 mod codegen;
 mod consumers;
 mod demo;
+mod freethreaded;
 mod fuzz;
 mod image;
 mod run;
@@ -36,6 +37,12 @@ enum Cmd {
     Codegen(codegen::CodegenArgs),
     /// Create (once) the Debian sid root with CPython 3.13, 3.14 and 3.15 for the tests.
     Sidroot(sidroot::SidrootArgs),
+    /// Build (once) a free-threaded CPython 3.13 (`--disable-gil`) for the tests.
+    ///
+    /// From Debian's python3.13 source tarball (sha256 pinned), into
+    /// /var/cache/pyebpf/python3.13t: about 4 min of CPU the first time, under a second
+    /// once built. `cargo xtask test` runs it.
+    Freethreaded(freethreaded::FreethreadedArgs),
     /// Run every test: fmt check, setup, sid root, build pyebpf, `cargo test --workspace`.
     Test(test::TestArgs),
     /// Build the OCI image localhost/pyebpf:latest (podman, a Debian base; no registry).
@@ -97,6 +104,7 @@ fn main() {
         Cmd::Setup(args) => setup::setup(&args),
         Cmd::Codegen(args) => codegen::codegen(&args),
         Cmd::Sidroot(args) => sidroot::sidroot(&args).map(|_| ()),
+        Cmd::Freethreaded(args) => freethreaded::freethreaded(&args).map(|_| ()),
         Cmd::Test(args) => test::test(&args),
         Cmd::Image(args) => image::image(&args),
         Cmd::Demo => demo::demo(),

@@ -20,7 +20,7 @@ use clap::Args;
 use crate::util::{self, probe, probe_stdout};
 
 pub const DEFAULT_ROOT: &str = "/var/cache/pyebpf/sid-root";
-const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 const MARKER: &str = ".pyebpf-sidroot-ok";
 const MINORS: [&str; 3] = ["3.13", "3.14", "3.15"];
 

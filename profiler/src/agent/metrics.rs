@@ -14,6 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::agent::export::ExporterStats;
+use crate::awaiters::AsyncStats;
 
 /// The OpenMetrics content type `prometheus-client` encodes.
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -42,6 +43,8 @@ pub(crate) struct Snapshot {
     pub exports: Vec<ExporterStats>,
     pub pull_served: u64,
     pub pull_refused: u64,
+    /// `--async` counters (none without `--async`).
+    pub async_tasks: Option<AsyncStats>,
     pub identity: crate::identity::IdentityStats,
 }
 
@@ -68,6 +71,11 @@ pub(crate) struct Metrics {
     queue: Gauge,
     queue_bytes: Gauge,
     pulls: Family<Labels, Counter>,
+    async_samples: Family<Labels, Counter>,
+    async_chains: Family<Labels, Counter>,
+    async_reads: Family<Labels, Counter>,
+    async_processes: Family<Labels, Counter>,
+    async_pending: Family<Labels, Gauge>,
     identity_missing: Family<Labels, Counter>,
     identity_containers: Counter,
     identity_cache_resets: Counter,
@@ -98,6 +106,11 @@ impl Default for Metrics {
             queue: Gauge::default(),
             queue_bytes: Gauge::default(),
             pulls: Family::default(),
+            async_samples: Family::default(),
+            async_chains: Family::default(),
+            async_reads: Family::default(),
+            async_processes: Family::default(),
+            async_pending: Family::default(),
             identity_missing: Family::default(),
             identity_containers: Counter::default(),
             identity_cache_resets: Counter::default(),
@@ -203,6 +216,31 @@ impl Default for Metrics {
             "pull_profiles",
             "/debug/pprof/profile requests, by result: served, refused",
             m.pulls.clone(),
+        );
+        registry.register(
+            "async_samples",
+            "--async: samples taken while an asyncio task ran, by outcome: rewritten (with <task> frames), frame_not_found (the task's coroutine was not in the stack), task_unreadable (the running task could not be read at sample time)",
+            m.async_samples.clone(),
+        );
+        registry.register(
+            "async_chains",
+            "--async: awaiter chains, by event: cut_depth, cut_cycle, cut_awaiter_unreadable, coroutine_unreadable (an awaiting task's coroutines read in part), continued_in_memory (longer than the kernel captures), name_unreadable",
+            m.async_chains.clone(),
+        );
+        registry.register(
+            "async_memory_reads",
+            "--async: reads of the target's memory, by kind: task, task_failed (chains past the kernel's capture), name (names longer than the bytes captured); cache_evictions counts cache entries dropped when full",
+            m.async_reads.clone(),
+        );
+        registry.register(
+            "async_processes",
+            "--async: processes looked at, by task layout: found, unsupported (CPython before 3.14)",
+            m.async_processes.clone(),
+        );
+        registry.register(
+            "async_processes_pending",
+            "--async: processes whose asyncio module is not found yet",
+            m.async_pending.clone(),
         );
         registry.register(
             "identity_sources_missing",
@@ -330,6 +368,46 @@ impl Metrics {
             &self.pulls.get_or_create(&vec![("result", "refused")]),
             snapshot.pull_refused,
         );
+        if let Some(a) = &snapshot.async_tasks {
+            let count = |family: &Family<Labels, Counter>, key, value, n| {
+                raise(&family.get_or_create(&vec![(key, value)]), n)
+            };
+            for (outcome, n) in [
+                ("rewritten", a.rewritten),
+                ("frame_not_found", a.frame_not_found),
+                ("task_unreadable", a.task_unreadable),
+            ] {
+                count(&self.async_samples, "outcome", outcome, n);
+            }
+            for (event, n) in [
+                ("cut_depth", a.truncated_depth),
+                ("cut_cycle", a.truncated_cycle),
+                ("cut_awaiter_unreadable", a.awaiter_unreadable),
+                ("coroutine_unreadable", a.coroutine_unreadable),
+                ("continued_in_memory", a.continued),
+                ("name_unreadable", a.names_unreadable),
+            ] {
+                count(&self.async_chains, "event", event, n);
+            }
+            for (kind, n) in [
+                ("task", a.cache_misses),
+                ("task_failed", a.read_errors),
+                ("name", a.names_read),
+                ("cache_evictions", a.cache_evictions),
+            ] {
+                count(&self.async_reads, "kind", kind, n);
+            }
+            count(&self.async_processes, "layout", "found", a.processes);
+            count(
+                &self.async_processes,
+                "layout",
+                "unsupported",
+                a.processes_unsupported,
+            );
+            self.async_pending
+                .get_or_create(&vec![])
+                .set(gauge(a.processes_pending));
+        }
         for (source, reason, n) in snapshot.identity.missing() {
             raise(
                 &self
@@ -378,6 +456,40 @@ mod tests {
         text.lines()
             .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+    }
+
+    #[test]
+    fn async_counters_only_with_async() {
+        let m = Metrics::default();
+        let text = m.render(&Snapshot::default());
+        assert!(!text.contains("pyebpf_async_samples_total{"), "{text}");
+        let s = Snapshot {
+            async_tasks: Some(AsyncStats {
+                task_samples: 100,
+                rewritten: 97,
+                frame_not_found: 2,
+                task_unreadable: 1,
+                continued: 4,
+                processes: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let text = m.render(&s);
+        let outcome = |o: &str| format!("pyebpf_async_samples_total{{outcome=\"{o}\"}} ");
+        assert_eq!(value(&text, &outcome("rewritten")), 97.0);
+        assert_eq!(value(&text, &outcome("task_unreadable")), 1.0);
+        assert_eq!(
+            value(
+                &text,
+                "pyebpf_async_chains_total{event=\"continued_in_memory\"} "
+            ),
+            4.0
+        );
+        assert_eq!(
+            value(&text, "pyebpf_async_processes_total{layout=\"found\"} "),
+            1.0
+        );
     }
 
     #[test]

@@ -161,6 +161,7 @@ async fn agent(
         first_look: Duration::from_millis(args.first_look_ms),
         native: args.native.options(),
         async_tasks: args.asyncio.async_tasks,
+        task_labels: args.asyncio.task_labels,
     };
     let mut session = driver::start(&options)?;
     // The kernel counts the sampler's run time only while someone holds this fd.
@@ -317,6 +318,7 @@ impl Agent {
             exports: self.exports.iter().map(Export::stats).collect(),
             pull_served: self.pull_served,
             pull_refused: self.pull_refused,
+            async_tasks: session.async_stats(),
             identity: session.identity_stats(),
         }
     }

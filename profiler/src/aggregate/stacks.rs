@@ -10,6 +10,7 @@
 //! after that costs one more read of its name.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -40,6 +41,8 @@ pub(crate) struct Aggregator {
     label_sets: FxHashMap<(u32, u32), LabelSetId>,
     /// Thread names, for `--threads` frames and the `thread_name` label.
     names: ThreadNames,
+    /// (a thread's label set, a task name) → that set with `task_name` (`--task-labels`).
+    task_label_sets: FxHashMap<(LabelSetId, Arc<str>), LabelSetId>,
     stack: Vec<FrameId>,
     /// `--gil`: keep only samples whose thread held the GIL.
     pub gil_only: bool,
@@ -64,6 +67,7 @@ impl Aggregator {
             thread_frames: FxHashMap::default(),
             label_sets: FxHashMap::default(),
             names: ThreadNames::default(),
+            task_label_sets: FxHashMap::default(),
             stack: Vec::new(),
             gil_only: false,
             gil_dropped: 0,
@@ -80,17 +84,25 @@ impl Aggregator {
     }
 
     /// Remembers the labels of newly watched processes; with `--gil`, names the ones whose
-    /// build does not expose its GIL (once each).
+    /// build has no GIL (every sample kept) or does not expose it (every sample left out),
+    /// once each.
     pub(crate) fn note_processes(&mut self, session: &Session) {
         for p in session.watched() {
-            if self.gil_only && !Session::gil_known(p) && self.gil_warned.insert(p.pid) {
-                eprintln!(
-                    "pyebpf: warning: pid {} ({}, CPython {}{}) does not expose its GIL, so --gil leaves out all of its samples",
-                    p.pid,
-                    p.binary,
-                    p.layout.version,
-                    if p.layout.free_threaded { ", free-threaded" } else { "" }
-                );
+            if self.gil_only
+                && (p.layout.free_threaded || !Session::gil_known(p))
+                && self.gil_warned.insert(p.pid)
+            {
+                if p.layout.free_threaded {
+                    eprintln!(
+                        "pyebpf: --gil: pid {} ({}, CPython {}) is free-threaded: it has no GIL, so --gil keeps every one of its samples",
+                        p.pid, p.binary, p.layout.version
+                    );
+                } else {
+                    eprintln!(
+                        "pyebpf: warning: pid {} ({}, CPython {}) does not expose its GIL, so --gil leaves out all of its samples",
+                        p.pid, p.binary, p.layout.version
+                    );
+                }
             }
             if (p.ns_pid.is_some() || p.identity.container_id.is_some())
                 && !self.id_labels.contains_key(&p.pid)
@@ -179,10 +191,13 @@ impl Aggregator {
                     .intern(Frame::marker(FrameKind::Python, "<idle>")),
             );
         }
-        let labels = if self.labeled {
-            self.label_set(sample.pid, sample.tid, process)
-        } else {
-            NO_LABELS
+        let labels = match (self.labeled, &sample.task_name) {
+            (false, _) => NO_LABELS,
+            (true, None) => self.label_set(sample.pid, sample.tid, process),
+            (true, Some(task)) => {
+                let thread = self.label_set(sample.pid, sample.tid, process);
+                self.task_label_set(thread, task)
+            }
         };
         self.profile.add_labeled(labels, &stack, sample.weight);
         self.stack = stack;
@@ -211,6 +226,21 @@ impl Aggregator {
         labels.extend(known.iter().map(|(k, v)| Label::str(k, v.as_str())));
         let id = self.profile.intern_labels(labels);
         bounded_insert(&mut self.label_sets, (pid, tid), id);
+        id
+    }
+
+    /// `thread`'s label set with the sample's running task's name as `task_name`.
+    fn task_label_set(&mut self, thread: LabelSetId, task: &Arc<str>) -> LabelSetId {
+        if let Some(&id) = self.task_label_sets.get(&(thread, task.clone())) {
+            return id;
+        }
+        let mut labels = self.profile.label_set(thread).to_vec();
+        labels.push(Label::str("task_name", task.clone()));
+        let id = self.profile.intern_labels(labels);
+        if self.task_label_sets.len() >= MAX_THREADS {
+            self.task_label_sets.clear();
+        }
+        self.task_label_sets.insert((thread, task.clone()), id);
         id
     }
 

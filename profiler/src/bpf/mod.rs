@@ -16,7 +16,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent};
 use aya::{Btf, Ebpf, EbpfLoader};
-use profiler_common::{stat, ProcInfo, PyOffsets, MAX_LAYOUTS};
+use profiler_common::{stat, ProcInfo, PyOffsets, TaskLayout, MAX_LAYOUTS};
 
 pub(crate) use load_error::LoadError;
 
@@ -223,7 +223,7 @@ impl Sampler {
         offsets: &PyOffsets,
         young: bool,
         native: u32,
-        running_task_offset: u32,
+        tasks: Option<(u32, TaskLayout)>,
     ) -> Result<()> {
         let layout = self.layout_id(offsets)?;
         let (pidns_dev, pidns_ino) = foreign_pid_namespace(pid).unwrap_or((0, 0));
@@ -238,7 +238,8 @@ impl Sampler {
             pidns_dev,
             pidns_ino,
             native,
-            running_task_offset,
+            running_task_offset: tasks.map_or(0, |(offset, _)| offset),
+            tasks: tasks.map(|(_, layout)| layout).unwrap_or_default(),
         };
         self.procs
             .insert(pid, info, 0)
@@ -253,13 +254,14 @@ impl Sampler {
         }
     }
 
-    /// Sets `pid`'s `ProcInfo::running_task_offset` (`--async`: the offset was found after
-    /// the process was registered). False when the process is not registered.
-    pub(crate) fn set_running_task_offset(&mut self, pid: u32, offset: u32) -> bool {
+    /// Sets `pid`'s `ProcInfo::running_task_offset` and task layout (`--async`: they were
+    /// found after the process was registered). False when the process is not registered.
+    pub(crate) fn set_tasks(&mut self, pid: u32, offset: u32, layout: TaskLayout) -> bool {
         let Ok(mut info) = self.procs.get(&pid, 0) else {
             return false;
         };
         info.running_task_offset = offset;
+        info.tasks = layout;
         self.procs.insert(pid, info, 0).is_ok()
     }
 

@@ -24,6 +24,8 @@ pub(crate) struct Supported {
     pub command: String,
     /// `3.11.2`.
     pub version: String,
+    /// A free-threaded (`Py_GIL_DISABLED`) build.
+    pub free_threaded: bool,
     /// The file holding the runtime: the executable of a static build, `libpython3.X.so` of a
     /// shared one; as `/proc/PID/maps` names it to pyebpf (under a chroot, with the chroot's
     /// path in front).
@@ -87,6 +89,7 @@ pub(super) fn scan() -> Processes {
                 pid,
                 command: proc.command,
                 version: proc.layout.version.to_string(),
+                free_threaded: proc.layout.free_threaded,
                 binary: proc.binary,
                 runtime: format!("{:#x}", proc.runtime),
                 layout_source: proc.layout.source,
@@ -158,8 +161,13 @@ impl Processes {
             } else {
                 format!("; {}", places.join(", "))
             };
+            let build = if p.free_threaded {
+                " free-threaded (no GIL)"
+            } else {
+                ""
+            };
             out.push_str(&format!(
-                "  ✔ {} {}: CPython {} from {}, layout: {}{places}\n",
+                "  ✔ {} {}: CPython {}{build} from {}, layout: {}{places}\n",
                 p.pid, p.command, p.version, p.binary, p.layout_source
             ));
         }

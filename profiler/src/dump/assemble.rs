@@ -88,6 +88,7 @@ pub(super) fn process(
         ns_pid: proc.ns_pid,
         command: proc.command.clone(),
         python_version: proc.layout.version.to_string(),
+        free_threaded: proc.layout.free_threaded,
         binary: proc.binary.clone(),
         threads,
         error: p.error.clone(),

@@ -91,6 +91,7 @@ pub(crate) fn run(args: DumpArgs) -> Result<i32> {
                 first_look: Duration::ZERO,
                 native,
                 async_tasks: false,
+                task_labels: false,
             };
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

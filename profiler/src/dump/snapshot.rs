@@ -17,6 +17,8 @@ pub(crate) struct ProcessDump {
     pub ns_pid: Option<u32>,
     pub command: String,
     pub python_version: String,
+    /// A free-threaded (`Py_GIL_DISABLED`) build: no thread holds a GIL.
+    pub free_threaded: bool,
     pub binary: String,
     pub threads: Vec<ThreadDump>,
     /// Why the thread list could not be read, if it could not.
@@ -75,7 +77,8 @@ pub(crate) struct ThreadDump {
     pub state: ThreadState,
     /// `/proc`'s one-letter state (`R`, `S`, `D`, ...) when the stack was taken.
     pub os_state: String,
-    /// Holds the GIL; `None` where the layout does not locate it.
+    /// Holds the GIL; `None` where the layout does not locate it (and in free-threaded builds,
+    /// which have none).
     pub holds_gil: Option<bool>,
     /// Most recent call first.
     pub frames: Vec<FrameDump>,
@@ -133,7 +136,7 @@ pub(super) fn frame(
         Some(c) => (
             c.qualname.clone(),
             c.filename.clone(),
-            c.line_at_instr(layout, rec.code, rec.instr),
+            symbols.line(proc.pid, layout, rec.code, c, rec.instr),
         ),
         None => (format!("<code at {:#x}>", rec.code), "?".into(), 0),
     };

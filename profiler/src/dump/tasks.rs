@@ -79,6 +79,8 @@ pub(super) fn tasks(
     let mut errors: HashMap<u64, String> = HashMap::new();
     let mut list_error = None;
     let mut latest: Vec<u64> = Vec::new();
+    // Every task first, symbols after: the program keeps running, and a task that finishes
+    // while the reads of the others wait on symbolization is freed before it is read.
     for _ in 0..MAX_ATTEMPTS {
         let addrs = match all_tasks(&mem, proc, &layout_a) {
             Ok(a) => a,

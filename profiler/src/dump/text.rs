@@ -17,7 +17,12 @@ pub(super) fn render(dumps: &[ProcessDump]) -> String {
             .map(|n| format!(", pid {n} in its namespace"))
             .unwrap_or_default();
         let _ = writeln!(out, "Process {}{ns}: {}", p.pid, p.command);
-        let _ = writeln!(out, "Python v{} ({})", p.python_version, p.binary);
+        let build = if p.free_threaded {
+            ", free-threaded (no GIL)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "Python v{}{build} ({})", p.python_version, p.binary);
         for t in &p.threads {
             out.push('\n');
             thread(&mut out, t);
@@ -137,6 +142,7 @@ mod tests {
             ns_pid: None,
             command: "python3 app.py".into(),
             python_version: "3.12.1".into(),
+            free_threaded: false,
             binary: "/usr/bin/python3.12".into(),
             threads: vec![ThreadDump {
                 tid: 11,

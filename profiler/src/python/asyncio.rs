@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use object::elf::{FileHeader64, SHT_NOBITS};
 use object::read::elf::{FileHeader as _, SectionHeader as _};
 use object::{Endianness, ReadCache, ReadRef};
-use profiler_common::{RawFrame, MAX_INTERPRETERS, MAX_THREAD_WALK};
+use profiler_common::{RawFrame, TaskLayout, MAX_INTERPRETERS, MAX_THREAD_WALK};
 
 use super::code::{read_str, read_tag};
 use super::layout::{CoroutineLayout, PyLayout, PyVersion};
@@ -186,6 +186,8 @@ pub struct AsyncLayout {
     pub offsets: AsyncOffsets,
     /// Coroutine, set, list and int fields (from `_Py_DebugOffsets`).
     pub coroutines: CoroutineLayout,
+    /// What the kernel reads to capture a sample's task chain.
+    pub kernel: TaskLayout,
 }
 
 impl AsyncLayout {
@@ -195,9 +197,25 @@ impl AsyncLayout {
         let coroutines = layout.coroutines.ok_or(AsyncError::Unsupported {
             version: layout.version,
         })?;
+        let t = &offsets.task;
+        let kernel = TaskLayout {
+            awaited_by: t.awaited_by,
+            coro: t.coro,
+            name: t.name,
+            is_task: t.is_task,
+            awaited_by_is_set: t.awaited_by_is_set,
+            ob_type: layout.ob_type,
+            gi_iframe: coroutines.gi_iframe,
+            gi_frame_state: coroutines.gi_frame_state,
+            stackpointer: coroutines.stackpointer,
+            suspended_yield_from: coroutines.suspended_yield_from as u8,
+            yield_from_slot: coroutines.yield_from_slot,
+            _pad: 0,
+        };
         Ok(AsyncLayout {
             offsets,
             coroutines,
+            kernel,
         })
     }
 
@@ -401,7 +419,7 @@ pub(crate) fn read_task(
         (set, Some(1)) => read_set(mem, &a.coroutines, set)?,
         (one, _) => vec![one],
     };
-    let name = read_name(mem, layout, &a.coroutines, name_ptr);
+    let name = read_name(mem, layout, &a.coroutines, task, name_ptr)?;
     let (coro_frames, coro_truncated) = coro_chain(mem, layout, a, coro)?;
     Ok(TaskInfo {
         addr: task,
@@ -415,7 +433,11 @@ pub(crate) fn read_task(
 
 /// The members of a `set` object (its table's live keys: neither empty nor the dummy of a
 /// deleted entry), at most [`MAX_AWAITERS`].
-fn read_set(mem: &ProcessMemory, o: &CoroutineLayout, set: u64) -> Result<Vec<u64>, AsyncError> {
+pub(crate) fn read_set(
+    mem: &ProcessMemory,
+    o: &CoroutineLayout,
+    set: u64,
+) -> Result<Vec<u64>, AsyncError> {
     let head_len = [o.set_used, o.set_table, o.set_mask]
         .iter()
         .map(|&f| f as usize + 8)
@@ -453,24 +475,46 @@ fn read_set(mem: &ProcessMemory, o: &CoroutineLayout, set: u64) -> Result<Vec<u6
     Ok(out)
 }
 
-/// A task's name: a `str`, or the `int` n of an unnamed task (`Task-n`). Never fails: what
+/// A task's name: a `str`, or the `int` n of an unnamed task (`Task-n`); CPython keeps nothing
+/// else there (`set_name` stores `str(value)`). So a name that is neither, or none, means the
+/// object is no longer a task (freed, its memory reused while the process runs) and `task` is
+/// not read, rather than shown under a name that is not its own. A `str` or `int` whose value
 /// cannot be read is named by its address.
-fn read_name(mem: &ProcessMemory, layout: &PyLayout, o: &CoroutineLayout, name: u64) -> String {
+fn read_name(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    o: &CoroutineLayout,
+    task: u64,
+    name: u64,
+) -> Result<String, AsyncError> {
+    let not_a_task = |what: String| AsyncError::NotATask { addr: task, what };
     if name == 0 {
-        return "Task-?".to_string();
+        return Err(not_a_task("it has no name".to_string()));
     }
     match type_name(mem, layout, name).as_deref() {
-        Ok("str") => read_str(mem, layout, name).unwrap_or_else(|_| format!("{name:#x}")),
-        Ok("int") => read_small_int(mem, o, name)
+        Ok("str") => Ok(read_str(mem, layout, name).unwrap_or_else(|_| format!("{name:#x}"))),
+        Ok("int") => Ok(read_small_int(mem, o, name)
             .map(|n| format!("Task-{n}"))
-            .unwrap_or_else(|| format!("Task-{name:#x}")),
-        _ => format!("{name:#x}"),
+            .unwrap_or_else(|| format!("Task-{name:#x}"))),
+        Ok(other) => Err(not_a_task(format!(
+            "its name is a {other:?}, neither a str nor an int"
+        ))),
+        Err(e) => Err(not_a_task(format!("its name's type is unreadable: {e}"))),
     }
 }
 
 /// `type(obj).__name__` as its C `tp_name`.
 fn type_name(mem: &ProcessMemory, layout: &PyLayout, obj: u64) -> Result<String, ReadError> {
     let ty = mem.read_u64(obj.wrapping_add(layout.ob_type as u64))?;
+    type_name_of(mem, layout, ty)
+}
+
+/// The C `tp_name` of the type object at `ty`.
+pub(crate) fn type_name_of(
+    mem: &ProcessMemory,
+    layout: &PyLayout,
+    ty: u64,
+) -> Result<String, ReadError> {
     let tp_name = mem.read_u64(ty.wrapping_add(layout.tp_name as u64))?;
     let bytes = mem.read_upto(tp_name, TP_NAME_BYTES)?;
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
@@ -482,6 +526,11 @@ fn read_small_int(mem: &ProcessMemory, o: &CoroutineLayout, obj: u64) -> Option<
     let buf = mem
         .read_vec(obj, o.long_digit.max(o.long_tag) as usize + 8)
         .ok()?;
+    small_int_in(&buf, o)
+}
+
+/// [`read_small_int`] of an object whose first bytes are `buf`.
+pub(crate) fn small_int_in(buf: &[u8], o: &CoroutineLayout) -> Option<u64> {
     let tag = buf.u64_at(o.long_tag as usize)?;
     let (digits, sign) = (tag >> 3, tag & 3);
     let digit = |i: usize| buf.u32_at(o.long_digit as usize + 4 * i).map(u64::from);
@@ -830,6 +879,23 @@ mod tests {
         assert_eq!(info.name, "Task-7");
         assert_eq!(info.awaited_by, [0xa000, 0xb000]);
         assert_eq!(info.coro_frames.len(), 2);
+        // A name that is neither a str nor an int: the memory is no longer a task.
+        let mut float_ty = vec![0u64; 64];
+        let float_name = b"float\0".to_vec();
+        float_ty[layout.tp_name as usize / 8] = float_name.as_ptr() as u64;
+        let mut float = [0u64; 8];
+        float[layout.ob_type as usize / 8] = float_ty.as_ptr() as u64;
+        task[t.name as usize / 8] = float.as_ptr() as u64;
+        assert!(matches!(
+            read_task(&mem, &layout, &a, task.as_ptr() as u64),
+            Err(AsyncError::NotATask { what, .. }) if what.contains("\"float\"")
+        ));
+        task[t.name as usize / 8] = 0;
+        assert!(matches!(
+            read_task(&mem, &layout, &a, task.as_ptr() as u64),
+            Err(AsyncError::NotATask { .. })
+        ));
+        task[t.name as usize / 8] = seven.as_ptr() as u64;
         // Not a task.
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut task);
         bytes[t.is_task as usize] = 0;

@@ -9,6 +9,14 @@
 //! Every offset the struct provides is taken from it; what it lacks (frame-owner codes, the
 //! `_PyStackRef` tag bits, the unicode `state` bit positions, `_PyStackChunk`) comes from the
 //! small per-minor [`Facts`] next to the field list.
+//!
+//! Free-threaded (`Py_GIL_DISABLED`) builds keep the same field list with other values: their
+//! object header is 32 bytes (`ob_tid`, `ob_mutex`, `ob_gc_bits`, `ob_ref_local`,
+//! `ob_ref_shared` before `ob_type`), which moves every object field, and their thread states
+//! are `_PyThreadStateImpl`s that begin with a `PyThreadState`: the struct's offsets already say
+//! all of that. What differs beyond the struct is a fact per build kind (the unicode `state`
+//! bits, 3.14+), the absence of a GIL to test, and from 3.14 on the per-thread copies of the
+//! bytecode (`co_tlbc`) a frame's instruction pointer may point into.
 
 use profiler_common::{PyOffsets, FRAME_HEADER_BYTES, LAYOUT_GIL_INDIRECT, LAYOUT_GIL_INTERP};
 
@@ -43,13 +51,19 @@ pub enum DebugOffsetsError {
         PyVersion::from_hex(*version)
     )]
     UnsupportedVersion { version: u64 },
+    /// The struct does not describe memory pyebpf could walk safely: the process is left alone.
     #[error(
-        "CPython {} is a free-threaded (Py_GIL_DISABLED) build, which is not supported",
-        PyVersion::from_hex(*version)
+        "CPython {}{} (PY_VERSION_HEX {version:#x}): implausible _Py_DebugOffsets: {what}; pyebpf \
+         does not walk an interpreter whose offsets it cannot trust (if this is a CPython release, \
+         report it with the output of `pyebpf check --json`)",
+        PyVersion::from_hex(*version),
+        if *free_threaded { " free-threaded" } else { "" }
     )]
-    FreeThreaded { version: u64 },
-    #[error("CPython {} (PY_VERSION_HEX {version:#x}): implausible _Py_DebugOffsets: {what}", PyVersion::from_hex(*version))]
-    Implausible { version: u64, what: String },
+    Implausible {
+        version: u64,
+        free_threaded: bool,
+        what: String,
+    },
 }
 
 /// One section of the struct: its name and its fields, in declaration order.
@@ -64,15 +78,11 @@ struct Facts {
     entry_owner_mask: u32,
     /// Clears the `_PyStackRef` tag bits (`Py_TAG_BITS`) of `f_executable`.
     executable_mask: u64,
-    /// `sizeof(PyCompactUnicodeObject)` when the struct has no `compactunicodeobject_size`.
-    compact_unicode_size: u16,
-    /// `PyASCIIObject.state` bit positions (GIL build: interned:2, kind:3, compact:1, ascii:1).
-    kind_shift: u8,
-    compact_bit: u8,
-    ascii_bit: u8,
+    /// `PyASCIIObject.state` bits of a build with the GIL.
+    state_bits: StateBits,
+    /// `PyASCIIObject.state` bits of a free-threaded build.
+    state_bits_free_threaded: StateBits,
     chunk: ChunkLayout,
-    /// `PyCellObject.ob_ref` (not in the struct).
-    cell_ref: u16,
     /// `FRAME_SUSPENDED_YIELD_FROM` (see [`CoroutineLayout::suspended_yield_from`]).
     suspended_yield_from: i8,
     /// See [`CoroutineLayout::yield_from_slot`].
@@ -85,6 +95,35 @@ struct Facts {
     /// `.tp_dictoffset` and `heap_type_object.ht_cached_keys` replace the ones here.
     attrs: AttrLayout,
 }
+
+/// Bit positions in `PyASCIIObject.state`.
+#[derive(Clone, Copy, Debug)]
+struct StateBits {
+    kind_shift: u8,
+    compact_bit: u8,
+    ascii_bit: u8,
+}
+
+/// `unsigned int interned:2; kind:3; compact:1; ascii:1; ...`
+const STATE_BITS_INTERNED_2: StateBits = StateBits {
+    kind_shift: 2,
+    compact_bit: 5,
+    ascii_bit: 6,
+};
+/// Free-threaded 3.14+: `unsigned char interned;` (read atomically, so not a bit-field), then
+/// the same bit-fields from bit 8.
+const STATE_BITS_INTERNED_BYTE: StateBits = StateBits {
+    kind_shift: 8,
+    compact_bit: 11,
+    ascii_bit: 12,
+};
+
+/// `PyCompactUnicodeObject` is `PyASCIIObject` followed by `utf8_length` and `utf8`, in every
+/// build; used where the struct has no `compactunicodeobject_size` (before 3.15).
+const COMPACT_UNICODE_EXTRA: u64 = 16;
+/// A free-threaded object header puts `ob_tid` and the split reference counts before
+/// `ob_type`: at least this far into the object.
+const FREE_THREADED_OB_TYPE_MIN: u64 = 24;
 
 /// One known `_Py_DebugOffsets` shape.
 struct Known {
@@ -412,27 +451,28 @@ const ATTRS_313: AttrLayout = AttrLayout {
 
 /// `enum _frameowner` of 3.13: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, CSTACK=3 (the entry frame
 /// of each `_PyEval_EvalFrameDefault`, `f_executable` = `None`).
+/// The unicode `state` bits are those of the GIL build in 3.13t too.
 const FACTS_313: Facts = Facts {
     skip_owner_mask: 1 << 3,
     entry_owner_mask: 1 << 3,
     executable_mask: u64::MAX,
-    compact_unicode_size: 56,
-    kind_shift: 2,
-    compact_bit: 5,
-    ascii_bit: 6,
+    state_bits: STATE_BITS_INTERNED_2,
+    state_bits_free_threaded: STATE_BITS_INTERNED_2,
     chunk: STACK_CHUNK,
-    cell_ref: 16,
     suspended_yield_from: -1,
     yield_from_slot: 1,
     dict: DICT_3_13,
     attrs: ATTRS_313,
 };
 /// 3.14: THREAD=0, GENERATOR=1, FRAME_OBJECT=2, INTERPRETER=3 (entry frames), CSTACK=4.
-/// `f_executable` is a `_PyStackRef`: `Py_TAG_BITS` = 3 (`Py_TAG_REFCNT` = 1, `Py_INT_TAG` = 3).
+/// `f_executable` is a `_PyStackRef`: `Py_TAG_BITS` = 3 (`Py_TAG_REFCNT` = 1, `Py_INT_TAG` = 3)
+/// with the GIL; free-threaded builds tag deferred references with bit 0 (`Py_TAG_DEFERRED`)
+/// and ints with 3, so the same mask clears both (objects are at least 8-aligned).
 const FACTS_314: Facts = Facts {
     skip_owner_mask: (1 << 3) | (1 << 4),
     entry_owner_mask: 1 << 3,
     executable_mask: !0b11,
+    state_bits_free_threaded: STATE_BITS_INTERNED_BYTE,
     ..FACTS_313
 };
 /// 3.15: FRAME_OWNED_BY_CSTACK is gone; INTERPRETER=3 marks entry frames and the thread's base
@@ -446,7 +486,7 @@ const FACTS_315: Facts = Facts {
     executable_mask: !0b11,
     suspended_yield_from: 2,
     yield_from_slot: 2,
-    ..FACTS_313
+    ..FACTS_314
 };
 
 /// Known shapes; within a minor, ordered by `from_hex`.
@@ -502,6 +542,7 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// The decoded struct: (section, field) → value.
 struct Values {
     version: u64,
+    free_threaded: bool,
     entries: Vec<(&'static str, &'static str, u64)>,
 }
 
@@ -526,6 +567,7 @@ impl Values {
     fn implausible(&self, what: String) -> DebugOffsetsError {
         DebugOffsetsError::Implausible {
             version: self.version,
+            free_threaded: self.free_threaded,
             what,
         }
     }
@@ -568,16 +610,17 @@ pub fn parse(bytes: &[u8]) -> Result<PyLayout, DebugOffsetsError> {
     let hex = u64_at(bytes, 8);
     let free_threaded = u64_at(bytes, 16);
     let known = known_for(hex).ok_or(DebugOffsetsError::UnsupportedVersion { version: hex })?;
-    match free_threaded {
-        0 => {}
-        1 => return Err(DebugOffsetsError::FreeThreaded { version: hex }),
+    let free_threaded = match free_threaded {
+        0 => false,
+        1 => true,
         other => {
             return Err(DebugOffsetsError::Implausible {
                 version: hex,
+                free_threaded: false,
                 what: format!("free_threaded = {other}"),
             })
         }
-    }
+    };
     let need = struct_size(known);
     if bytes.len() < need {
         return Err(DebugOffsetsError::TooShort {
@@ -595,15 +638,21 @@ pub fn parse(bytes: &[u8]) -> Result<PyLayout, DebugOffsetsError> {
     }
     let values = Values {
         version: hex,
+        free_threaded,
         entries,
     };
-    validate(&values)?;
-    build(PyVersion::from_hex(hex), &values, &known.facts)
+    validate(&values, free_threaded)?;
+    build(
+        PyVersion::from_hex(hex),
+        &values,
+        &known.facts,
+        free_threaded,
+    )
 }
 
 /// Cheap consistency checks: a struct decoded with the wrong field list (or garbage) fails
 /// them instead of yielding offsets that read plausible nonsense.
-fn validate(v: &Values) -> Result<(), DebugOffsetsError> {
+fn validate(v: &Values, free_threaded: bool) -> Result<(), DebugOffsetsError> {
     v.check_inside("runtime_state", &[("interpreters_head", 8)], None)?;
     v.check_inside(
         "interpreter_state",
@@ -654,6 +703,19 @@ fn validate(v: &Values) -> Result<(), DebugOffsetsError> {
         None,
     )?;
     v.check_inside("pyobject", &[("ob_type", 8)], None)?;
+    // The flag and the object header must agree: a struct claiming to be free-threaded with a
+    // GIL build's header (or garbage) would have every object read at the wrong place.
+    let ob_type = v.get("pyobject", "ob_type")?;
+    if free_threaded && ob_type < FREE_THREADED_OB_TYPE_MIN {
+        return Err(v.implausible(format!(
+            "free_threaded = 1, but pyobject.ob_type = {ob_type} leaves no room for a free-threaded object header"
+        )));
+    }
+    if let Ok(tlbc) = v.get("code_object", "co_tlbc") {
+        if tlbc != 0 {
+            v.check_inside("code_object", &[("co_tlbc", 8)], None)?;
+        }
+    }
     v.check_inside("type_object", &[("tp_name", 8)], None)?;
     v.check_inside("bytes_object", &[("ob_size", 8), ("ob_sval", 1)], None)?;
     v.check_inside(
@@ -689,7 +751,12 @@ fn gil(v: &Values) -> Result<(u32, u16, u16, u16), DebugOffsetsError> {
     ))
 }
 
-fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, DebugOffsetsError> {
+fn build(
+    version: PyVersion,
+    v: &Values,
+    facts: &Facts,
+    free_threaded: bool,
+) -> Result<PyLayout, DebugOffsetsError> {
     let code = CodeLayout {
         filename: v.offset("code_object", "filename")?,
         name: v.offset("code_object", "name")?,
@@ -697,13 +764,31 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
         linetable: v.offset("code_object", "linetable")?,
         firstlineno: v.offset("code_object", "firstlineno")?,
         code_adaptive: v.offset("code_object", "co_code_adaptive")?,
+        // 3.14+ lists `co_tlbc` in every build; only free-threaded ones set it.
+        tlbc: match v.get("code_object", "co_tlbc") {
+            Ok(_) => v.offset("code_object", "co_tlbc")?,
+            Err(_) => 0,
+        },
     };
     let ascii_data = v.offset("unicode_object", "asciiobject_size")?;
     let compact_data = match v.get("unicode_object", "compactunicodeobject_size") {
         Ok(_) => v.offset("unicode_object", "compactunicodeobject_size")?,
-        Err(_) => facts.compact_unicode_size,
+        Err(_) => {
+            let size = u64::from(ascii_data) + COMPACT_UNICODE_EXTRA;
+            u16::try_from(size).map_err(|_| {
+                v.implausible(format!("unicode_object.asciiobject_size = {ascii_data}"))
+            })?
+        }
     };
-    let (gil_flags, gil_offset, gil_locked, gil_last_holder) = gil(v)?;
+    let state_bits = if free_threaded {
+        facts.state_bits_free_threaded
+    } else {
+        facts.state_bits
+    };
+    // A free-threaded build has no GIL to test: `--gil` keeps all of its samples (userspace
+    // decides that from `free_threaded`; the kernel locates nothing).
+    let (gil_flags, gil_offset, gil_locked, gil_last_holder) =
+        if free_threaded { (0, 0, 0, 0) } else { gil(v)? };
     let kernel = PyOffsets {
         executable_mask: facts.executable_mask,
         runtime_interpreters_head: v.offset("runtime_state", "interpreters_head")?,
@@ -738,7 +823,7 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
     Ok(PyLayout {
         version,
         source: LayoutSource::DebugOffsets,
-        free_threaded: false,
+        free_threaded,
         kernel,
         code,
         bytes: BytesLayout {
@@ -750,9 +835,9 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
             state: v.offset("unicode_object", "state")?,
             ascii_data,
             compact_data,
-            kind_shift: facts.kind_shift,
-            compact_bit: facts.compact_bit,
-            ascii_bit: facts.ascii_bit,
+            kind_shift: state_bits.kind_shift,
+            compact_bit: state_bits.compact_bit,
+            ascii_bit: state_bits.ascii_bit,
         },
         chunk: facts.chunk,
         thread: ThreadLayout {
@@ -773,7 +858,8 @@ fn build(version: PyVersion, v: &Values, facts: &Facts) -> Result<PyLayout, Debu
             long_digits: v.offset("long_object", "ob_digit")?,
             // Every CPython with `_Py_DebugOffsets` (3.13+) tags the size word.
             long_tagged: true,
-            cell_ref: facts.cell_ref,
+            // PyCellObject { PyObject_HEAD; ob_ref }.
+            cell_ref: v.offset("pyobject", "size")?,
         },
         coroutines: coroutines(v, facts),
         dict: DictLayout {
@@ -887,6 +973,26 @@ pub(crate) mod fixtures {
         }
     }
 
+    /// A 3.14 struct as a free-threaded build would fill it: 32-byte object header, `co_tlbc`
+    /// set, `tlbc_index` in the frame (3.14t cannot be built here: its values are made up,
+    /// its shape and its facts are 3.14's).
+    pub(crate) fn free_threaded_314(section: &str, field: &str) -> u64 {
+        match (section, field) {
+            ("pyobject", "size") => 32,
+            ("pyobject", "ob_type") => 24,
+            ("code_object", "co_tlbc") => 200,
+            ("interpreter_frame", "tlbc_index") => 72,
+            _ => plausible(section, field),
+        }
+    }
+
+    /// The layout of [`free_threaded_314`].
+    pub(crate) fn free_threaded_314_layout() -> PyLayout {
+        let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, free_threaded_314);
+        bytes[16] = 1;
+        parse(&bytes).expect("a free-threaded 3.14 struct parses")
+    }
+
     /// `_Py_DebugOffsets` words (version, free_threaded, sections…) as found in the Debian sid
     /// builds of CPython 3.13.18, 3.14.10 and 3.15.2 (x86-64).
     pub(crate) const SID_3_13_18: &[u64] = &[
@@ -911,6 +1017,16 @@ pub(crate) mod fixtures {
         24, 72, 67, 0, 8, 24, 344, 8028, 0, 4, 512,
     ];
 
+    /// The free-threaded 3.13.15 that `cargo xtask freethreaded` builds (x86-64): the same
+    /// shape as 3.13.18's, with a 32-byte object header (`pyobject` {32, 24}) moving every
+    /// object field by 16.
+    pub(crate) const FT_3_13_15: &[u64] = &[
+        0x30d0ff0, 1, 328384, 608, 632, 215616, 7272, 7264, 7344, 7400, 7664, 7648, 7656, 16, 7760,
+        0, 7784, 7776, 312, 0, 8, 16, 72, 152, 160, 232, 32, 80, 8, 0, 56, 72, 70, 224, 128, 136,
+        144, 152, 84, 68, 112, 120, 216, 32, 24, 432, 40, 104, 184, 48, 40, 32, 56, 40, 32, 64, 48,
+        56, 40, 32, 48, 32, 40, 56, 32, 48, 80, 48, 32, 56, 248, 200,
+    ];
+
     pub(crate) fn real(words: &[u64]) -> Vec<u8> {
         let mut out = COOKIE.to_vec();
         for w in words {
@@ -920,12 +1036,15 @@ pub(crate) mod fixtures {
         out
     }
 
-    /// The layouts of the real 3.13–3.15 structs above.
+    /// The layouts of the real 3.13–3.15 structs above (the free-threaded 3.13t included),
+    /// and of the made-up free-threaded 3.14.
     pub(crate) fn layouts() -> Vec<PyLayout> {
-        [SID_3_13_18, SID_3_14_10, SID_3_15_2]
+        let mut all: Vec<PyLayout> = [SID_3_13_18, SID_3_14_10, SID_3_15_2, FT_3_13_15]
             .into_iter()
             .map(|words| parse(&real(words)).expect("a real struct parses"))
-            .collect()
+            .collect();
+        all.push(free_threaded_314_layout());
+        all
     }
 }
 
@@ -984,10 +1103,95 @@ mod tests {
         let err = parse(&bytes).unwrap_err();
         assert!(err.to_string().contains("3.16.0"), "{err}");
         let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, plausible);
+        bytes[16] = 2;
+        assert!(matches!(
+            parse(&bytes),
+            Err(DebugOffsetsError::Implausible { .. })
+        ));
+    }
+
+    #[test]
+    fn real_free_threaded_313() {
+        let known = known_for(FT_3_13_15[0]).unwrap();
+        assert_eq!(known.sections, SECTIONS_313);
+        assert_eq!(struct_size(known), COOKIE.len() + 8 * FT_3_13_15.len());
+        let l = parse(&real(FT_3_13_15)).unwrap();
+        let gil = parse(&real(SID_3_13_18)).unwrap();
+        assert!(l.free_threaded && !gil.free_threaded);
+        assert_eq!(l.version.to_string(), "3.13.15");
+        // The object header is 16 bytes larger: every object field moves by 16 ...
+        assert_eq!((l.ob_type, gil.ob_type), (24, 8));
+        assert_eq!(l.code.filename, gil.code.filename + 16);
+        assert_eq!(l.code.code_adaptive, gil.code.code_adaptive + 16);
+        assert_eq!(l.objects.cell_ref, 32);
+        assert_eq!((l.unicode.ascii_data, l.unicode.compact_data), (56, 72));
+        assert_eq!(l.kernel.code_tag_offset, gil.kernel.code_tag_offset + 16);
+        // ... while the thread state and frame offsets are the GIL build's (a
+        // `_PyThreadStateImpl` begins with its `PyThreadState`).
+        let (k, g) = (l.kernel, gil.kernel);
+        assert_eq!(
+            (
+                k.tstate_next,
+                k.tstate_native_thread_id,
+                k.tstate_current_frame
+            ),
+            (
+                g.tstate_next,
+                g.tstate_native_thread_id,
+                g.tstate_current_frame
+            )
+        );
+        assert_eq!(
+            (k.frame_previous, k.frame_owner),
+            (g.frame_previous, g.frame_owner)
+        );
+        // No GIL to test, no per-thread bytecode before 3.14, the GIL build's unicode bits.
+        assert_eq!(k.flags & profiler_common::LAYOUT_GIL_MASK, 0);
+        assert_eq!(l.code.tlbc, 0);
+        assert_eq!(l.unicode.kind_shift, 2);
+    }
+
+    #[test]
+    fn free_threaded_builds() {
+        for (hex, sections) in [(0x030e_0af0u64, SECTIONS_314), (0x030f_02f0, SECTIONS_315)] {
+            let mut bytes = synthetic(hex, sections, free_threaded_314);
+            bytes[16] = 1;
+            let l = parse(&bytes).unwrap();
+            assert!(l.free_threaded);
+            assert_eq!(l.code.tlbc, 200);
+            assert_eq!(l.objects.cell_ref, 32);
+            // `interned` is a byte of its own: the bit-fields start at bit 8.
+            let u = l.unicode;
+            assert_eq!((u.kind_shift, u.compact_bit, u.ascii_bit), (8, 11, 12));
+            // No GIL to test.
+            assert_eq!(l.kernel.flags & profiler_common::LAYOUT_GIL_MASK, 0);
+            // The same values announced as a GIL build keep the GIL build's facts.
+            bytes[16] = 0;
+            let l = parse(&bytes).unwrap();
+            assert!(!l.free_threaded);
+            assert_eq!(l.unicode.kind_shift, 2);
+        }
+        // A struct claiming to be free-threaded with a GIL build's object header is refused.
+        let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, |s, f| match (s, f) {
+            ("pyobject", "size") => 16,
+            ("pyobject", "ob_type") => 8,
+            _ => free_threaded_314(s, f),
+        });
+        bytes[16] = 1;
+        let err = parse(&bytes).unwrap_err();
+        assert!(
+            err.to_string().contains("free-threaded object header"),
+            "{err}"
+        );
+        // `co_tlbc` outside the code object.
+        let mut bytes = synthetic(0x030e_0af0, SECTIONS_314, |s, f| match (s, f) {
+            ("code_object", "co_tlbc") => 5000,
+            _ => free_threaded_314(s, f),
+        });
         bytes[16] = 1;
         assert!(matches!(
             parse(&bytes),
-            Err(DebugOffsetsError::FreeThreaded { .. })
+            Err(DebugOffsetsError::Implausible { .. })
         ));
     }
 
@@ -1075,6 +1279,14 @@ mod tests {
             assert_eq!(known.sections, shape);
             // The field list accounts for every word of the struct, no more, no less.
             assert_eq!(struct_size(known), COOKIE.len() + 8 * words.len());
+        }
+        // What the struct does not list comes out as the headers say for GIL builds:
+        // PyCellObject.ob_ref after a 16-byte header, PyCompactUnicodeObject 56 bytes.
+        for words in [SID_3_13_18, SID_3_14_10, SID_3_15_2] {
+            let l = parse(&real(words)).unwrap();
+            assert!(!l.free_threaded);
+            assert_eq!((l.objects.cell_ref, l.unicode.compact_data), (16, 56));
+            assert_eq!(l.code.tlbc, 0);
         }
         let l = parse(&real(SID_3_14_10)).unwrap();
         assert_eq!(l.version.to_string(), "3.14.10");

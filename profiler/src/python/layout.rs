@@ -54,6 +54,10 @@ pub struct CodeLayout {
     pub firstlineno: u16,
     /// `co_code_adaptive`: instruction offsets are measured from here.
     pub code_adaptive: u16,
+    /// `co_tlbc` (free-threaded 3.14+: a `_PyCodeArray *` {size; entries[]} of per-thread
+    /// copies of the bytecode, entry 0 being `co_code_adaptive`); 0 where every thread runs
+    /// `co_code_adaptive`. A frame's instruction pointer then lies in one of the copies.
+    pub tlbc: u16,
 }
 
 /// `PyBytesObject`.

@@ -156,6 +156,7 @@ fn layout_311(version: PyVersion) -> PyLayout {
         linetable: 136,
         firstlineno: 72,
         code_adaptive: 184,
+        tlbc: 0,
     };
     PyLayout {
         version,
@@ -252,6 +253,7 @@ fn layout_312(version: PyVersion) -> PyLayout {
         linetable: 136,
         firstlineno: 68,
         code_adaptive: 192,
+        tlbc: 0,
     };
     PyLayout {
         version,

@@ -24,6 +24,14 @@ use crate::aggregate::Profile;
 use stats::{stats_json, MapReport};
 
 pub(crate) fn run(mut args: RecordArgs) -> Result<i32> {
+    if args.asyncio.task_labels && !args.format.has_labels() {
+        return Err(crate::UsageError(format!(
+            "--task-labels: the {} format has no sample labels; use -f pprof or -f otlp, or drop it",
+            clap::ValueEnum::to_possible_value(&args.format)
+                .map_or_else(String::new, |v| v.get_name().to_string())
+        ))
+        .into());
+    }
     crate::check::preflight(&args.targets.pids)?;
     // Before anything is recorded: a recording cannot be repeated, its output path can be fixed.
     let output = args
@@ -126,6 +134,7 @@ async fn record(args: RecordArgs) -> Result<i32> {
         first_look: Duration::ZERO,
         native: args.native.options(),
         async_tasks: args.asyncio.async_tasks,
+        task_labels: args.asyncio.task_labels,
     };
     let mut session = driver::start(&options)?;
     let mut aggregator = Aggregator::new(Profile::default(), multi, args.threads)
@@ -264,9 +273,7 @@ fn finish(
             a.task_samples,
             pct(a.rewritten),
             pct(a.frame_not_found),
-            pct(a
-                .task_samples
-                .saturating_sub(a.rewritten + a.frame_not_found)),
+            pct(a.task_unreadable),
             a.truncated_depth,
             a.truncated_cycle,
             a.cache_misses,

@@ -25,7 +25,8 @@ use crate::driver::{self, Flow, Options, Scope, Sink};
 use crate::procfs::alive;
 use crate::python::code::CodeInfo;
 use crate::python::thread_names::ThreadNames;
-use crate::session::{Resolved, Session};
+use crate::resolve::Mixed;
+use crate::session::{PyFrame, Resolved, Session};
 use table::{Counted, Granularity, Location, Row, Table, ViewOptions};
 
 /// Everything one refresh shows.
@@ -124,6 +125,8 @@ struct Counter {
     named: std::collections::HashSet<(u32, u32)>,
     /// Interned names per code object; holding the `Arc` keeps its address from being reused.
     names: HashMap<*const CodeInfo, Names>,
+    /// `--async`: interned `<task NAME>` rows by task name.
+    tasks: HashMap<Arc<str>, Arc<str>>,
     frames: Vec<Location>,
 }
 
@@ -133,9 +136,57 @@ impl Counter {
         if self.names.len() > 100_000 {
             self.names.clear();
         }
+        if self.tasks.len() > 100_000 {
+            self.tasks.clear();
+        }
         self.frames.clear();
-        for frame in sample.frames {
-            let location = match &frame.code {
+        match sample.mixed {
+            // `--async`: the Python frames and `<task …>` rows of the rewritten stack.
+            Some(mixed) => {
+                for m in mixed {
+                    match m {
+                        Mixed::Python(i) => {
+                            if let Some(frame) = sample.frames.get(*i) {
+                                let location = self.location(frame);
+                                self.frames.push(location);
+                            }
+                        }
+                        Mixed::Task(name) => {
+                            let function = self
+                                .tasks
+                                .entry(name.clone())
+                                .or_insert_with(|| format!("<task {name}>").into())
+                                .clone();
+                            self.frames.push(Location {
+                                function,
+                                file: "".into(),
+                                first_line: 0,
+                                line: 0,
+                            });
+                        }
+                        Mixed::Native { .. } | Mixed::Marker(_) => {}
+                    }
+                }
+            }
+            None => {
+                for frame in sample.frames {
+                    let location = self.location(frame);
+                    self.frames.push(location);
+                }
+            }
+        }
+        if self.named.insert((sample.pid, sample.tid)) {
+            let name = self.threads.name(process, sample.tid);
+            self.table.name_thread(sample.pid, sample.tid, &name);
+        }
+        self.table
+            .add(sample.pid, sample.tid, command, &self.frames);
+    }
+
+    /// A Python frame's row.
+    fn location(&mut self, frame: &PyFrame) -> Location {
+        {
+            match &frame.code {
                 Some(code) => {
                     let (_, function, file) =
                         self.names.entry(Arc::as_ptr(code)).or_insert_with(|| {
@@ -158,15 +209,8 @@ impl Counter {
                     first_line: 0,
                     line: 0,
                 },
-            };
-            self.frames.push(location);
+            }
         }
-        if self.named.insert((sample.pid, sample.tid)) {
-            let name = self.threads.name(process, sample.tid);
-            self.table.name_thread(sample.pid, sample.tid, &name);
-        }
-        self.table
-            .add(sample.pid, sample.tid, command, &self.frames);
     }
 }
 
@@ -319,7 +363,8 @@ async fn top(args: TopArgs, interactive: bool) -> Result<i32> {
         drain_interval: driver::DRAIN_INTERVAL,
         first_look: Duration::ZERO,
         native: None,
-        async_tasks: false,
+        async_tasks: args.async_tasks,
+        task_labels: false,
     };
     let mut session = driver::start(&options)?;
     let granularity = if args.lines {

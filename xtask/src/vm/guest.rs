@@ -119,6 +119,17 @@ pub const ROWS: &[Row] = &[
         },
     },
     Row {
+        // `--async`: the task-chain capture (a second `bpf_loop`, reads at task-given
+        // offsets, the task part after the native part), which no other row runs; on the
+        // sid root's 3.14, the first CPython with a task layout.
+        id: "async-tree",
+        what: What::Test {
+            bin: "async_tasks",
+            test: "a_task_tree_folds_into_its_coroutines",
+            interpreters: "sid 3.14",
+        },
+    },
+    Row {
         id: "exit-cleanup",
         what: What::Test {
             bin: "lifecycle",
