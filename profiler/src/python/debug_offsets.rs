@@ -121,6 +121,8 @@ const STATE_BITS_INTERNED_BYTE: StateBits = StateBits {
 /// `PyCompactUnicodeObject` is `PyASCIIObject` followed by `utf8_length` and `utf8`, in every
 /// build; used where the struct has no `compactunicodeobject_size` (before 3.15).
 const COMPACT_UNICODE_EXTRA: u64 = 16;
+/// `PyObject_HEAD` of a GIL build: `ob_refcnt`, `ob_type`.
+const GIL_OBJECT_HEADER: u16 = 16;
 /// A free-threaded object header puts `ob_tid` and the split reference counts before
 /// `ob_type`: at least this far into the object.
 const FREE_THREADED_OB_TYPE_MIN: u64 = 24;
@@ -873,13 +875,19 @@ fn build(
 
 /// Attribute storage: the struct's offsets where it has them, the minor's facts elsewhere.
 /// A struct without `sys.modules` gives `interp_modules` 0: no thread names, sampling as usual.
+/// The facts are those of a GIL build's 16-byte object header; a free-threaded build's larger
+/// header (`pyobject.size`) moves every field after it by the difference.
 fn attrs(v: &Values, facts: &Facts) -> AttrLayout {
+    let header = v.offset("pyobject", "size").unwrap_or(GIL_OBJECT_HEADER);
+    let moved = |fact: u16| fact.saturating_add(header.saturating_sub(GIL_OBJECT_HEADER));
     let or = |section, field, fact: u16| match v.get(section, field) {
         Ok(_) => v.offset(section, field).unwrap_or(0),
-        Err(_) => fact,
+        Err(_) => moved(fact),
     };
     AttrLayout {
         interp_modules: or("interpreter_state", "imports_modules", 0),
+        // `PyModuleObject.md_dict` follows the object header.
+        module_dict: header,
         type_flags: or("type_object", "tp_flags", facts.attrs.type_flags),
         type_basicsize: or("type_object", "tp_basicsize", facts.attrs.type_basicsize),
         type_dictoffset: or("type_object", "tp_dictoffset", facts.attrs.type_dictoffset),
