@@ -194,7 +194,22 @@ pub fn vm_test(args: &VmTestArgs) -> Result<()> {
     util::step("vm-test: build pyebpf (debug) and the test executables");
     util::run(util::cargo().args(["build", "-p", "profiler"]))
         .context("building pyebpf failed (errors above)")?;
+    // virtme-ng's init mounts a tmpfs over the guest's /var/cache, which hides the sid root
+    // the `sid 3.x` rows run; the guest gets it back as a shared directory (read-write: the
+    // tests stage their workloads into it, as on the host).
+    let needs_sid = ROWS.iter().any(|row| {
+        guest::selected(row, &args.rows)
+            && matches!(row.what, guest::What::Test { interpreters, .. } if interpreters.contains("sid"))
+    });
+    let shared = if needs_vm && needs_sid {
+        vec![crate::sidroot::sidroot(
+            &crate::sidroot::SidrootArgs::default(),
+        )?]
+    } else {
+        Vec::new()
+    };
     let runner = Runner {
+        shared,
         xtask: std::env::current_exe().context("locating the xtask binary")?,
         pyebpf: util::target_dir().join("debug/pyebpf"),
         test_bins: test_executables()?,
@@ -334,6 +349,8 @@ fn test_executables() -> Result<Vec<(String, PathBuf)>> {
 
 /// The runner's command line and what it needs.
 struct Runner {
+    /// Host directories the guest sees at the same path, read-write (besides the temp dir).
+    shared: Vec<PathBuf>,
     xtask: PathBuf,
     pyebpf: PathBuf,
     test_bins: Vec<(String, PathBuf)>,
@@ -409,6 +426,9 @@ fn run_kernel(
                     GUEST_CPUS,
                 ])
                 .arg(format!("--rwdir={}", files.tmp.display()));
+            for dir in &runner.shared {
+                cmd.arg(format!("--rwdir={}", dir.display()));
+            }
             if console {
                 cmd.arg("--verbose");
             }
