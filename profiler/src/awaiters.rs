@@ -145,12 +145,15 @@ impl TaskName {
     }
 
     /// What the task's `<task …>` frame shows: the name the program gave, else `coroutine`
-    /// (the qualname of the task's coroutine, when it could be named), else the raw name.
+    /// (the qualname of the task's coroutine, when it could be named), else `Task-?` for a
+    /// default name: never `Task-<n>`, which would make each of a program's thousands of
+    /// tasks a frame of its own.
     pub(crate) fn shown(&self, coroutine: Option<&str>) -> Arc<str> {
         match (self, coroutine) {
             (TaskName::Named(name), _) => name.clone(),
             (_, Some(qualname)) => qualname.into(),
-            (_, None) => self.raw(),
+            (TaskName::Default(_), None) => "Task-?".into(),
+            (TaskName::Unknown, None) => self.raw(),
         }
     }
 
@@ -646,7 +649,7 @@ mod tests {
             &*default.shown(Some("AsyncTree.recurse")),
             "AsyncTree.recurse"
         );
-        assert_eq!(&*default.shown(None), "Task-7");
+        assert_eq!(&*default.shown(None), "Task-?");
         let named = TaskName::Named("ingest".into());
         assert_eq!(&*named.shown(Some("ingest_loop")), "ingest");
         assert_eq!(&*TaskName::Unknown.shown(Some("f")), "f");
