@@ -535,6 +535,9 @@ mod tests {
             assert!(!row.id.contains(char::is_whitespace), "{}", row.id);
             assert!(ROWS[..i].iter().all(|r| r.id != row.id), "{}", row.id);
         }
-        assert_eq!(test_bins(), ["agent", "lifecycle", "native", "record"]);
+        assert_eq!(
+            test_bins(),
+            ["agent", "async_tasks", "lifecycle", "native", "record"]
+        );
     }
 }
